@@ -1,0 +1,1 @@
+"""Generated gRPC code for proto/memory/v1; run proto/generate.py."""
