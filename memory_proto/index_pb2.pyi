@@ -47,13 +47,21 @@ Global___VectorItem: _TypeAlias = VectorItem  # noqa: Y015
 
 @_typing.final
 class UpsertRequest(_message.Message):
+    """routing_epoch (Upsert, Delete, Search, Stats): identifies the shard list the caller routed
+    with (index_service.routing.routing_epoch). A shard that holds an org loaded under another
+    epoch reloads it from PostgreSQL first, because while the org was routed elsewhere its copy
+    here missed updates. 0 means unversioned: an org already held is used as is.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ORG_ID_FIELD_NUMBER: _builtins.int
     DIM_FIELD_NUMBER: _builtins.int
     ITEMS_FIELD_NUMBER: _builtins.int
+    ROUTING_EPOCH_FIELD_NUMBER: _builtins.int
     org_id: _builtins.str
     dim: _builtins.int
+    routing_epoch: _builtins.int
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___VectorItem]: ...
     def __init__(
@@ -62,10 +70,11 @@ class UpsertRequest(_message.Message):
         org_id: _builtins.str = ...,
         dim: _builtins.int = ...,
         items: _abc.Iterable[Global___VectorItem] | None = ...,
+        routing_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "items", b"items", "org_id", b"org_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dim", b"dim", "items", b"items", "org_id", b"org_id", "routing_epoch", b"routing_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -97,7 +106,9 @@ class DeleteRequest(_message.Message):
     ORG_ID_FIELD_NUMBER: _builtins.int
     CHUNK_IDS_FIELD_NUMBER: _builtins.int
     CONVERSATION_IDS_FIELD_NUMBER: _builtins.int
+    ROUTING_EPOCH_FIELD_NUMBER: _builtins.int
     org_id: _builtins.str
+    routing_epoch: _builtins.int
     @_builtins.property
     def chunk_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -108,10 +119,11 @@ class DeleteRequest(_message.Message):
         org_id: _builtins.str = ...,
         chunk_ids: _abc.Iterable[_builtins.str] | None = ...,
         conversation_ids: _abc.Iterable[_builtins.str] | None = ...,
+        routing_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_ids", b"chunk_ids", "conversation_ids", b"conversation_ids", "org_id", b"org_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_ids", b"chunk_ids", "conversation_ids", b"conversation_ids", "org_id", b"org_id", "routing_epoch", b"routing_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -183,11 +195,13 @@ class SearchRequest(_message.Message):
     DIM_FIELD_NUMBER: _builtins.int
     K_FIELD_NUMBER: _builtins.int
     CONVERSATION_IDS_FIELD_NUMBER: _builtins.int
+    ROUTING_EPOCH_FIELD_NUMBER: _builtins.int
     org_id: _builtins.str
     query: _builtins.bytes
     """dim little-endian float32 values."""
     dim: _builtins.int
     k: _builtins.int
+    routing_epoch: _builtins.int
     @_builtins.property
     def conversation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """When non-empty, only chunks of these conversations are candidates."""
@@ -200,10 +214,11 @@ class SearchRequest(_message.Message):
         dim: _builtins.int = ...,
         k: _builtins.int = ...,
         conversation_ids: _abc.Iterable[_builtins.str] | None = ...,
+        routing_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "dim", b"dim", "k", b"k", "org_id", b"org_id", "query", b"query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "dim", b"dim", "k", b"k", "org_id", b"org_id", "query", b"query", "routing_epoch", b"routing_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -259,16 +274,19 @@ class StatsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ORG_ID_FIELD_NUMBER: _builtins.int
+    ROUTING_EPOCH_FIELD_NUMBER: _builtins.int
     org_id: _builtins.str
     """Empty: totals over every org held by this shard."""
+    routing_epoch: _builtins.int
     def __init__(
         self,
         *,
         org_id: _builtins.str = ...,
+        routing_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["org_id", b"org_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["org_id", b"org_id", "routing_epoch", b"routing_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -282,11 +300,14 @@ class StatsResponse(_message.Message):
     ORGS_FIELD_NUMBER: _builtins.int
     INDEX_KIND_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
+    BUILDING_FIELD_NUMBER: _builtins.int
     vectors: _builtins.int
     orgs: _builtins.int
     index_kind: _builtins.str
     """"flat" or the approximate index kind for the requested org."""
     memory_bytes: _builtins.int
+    building: _builtins.bool
+    """True while a background rebuild of the requested org's index (or any org's) is running."""
     def __init__(
         self,
         *,
@@ -294,10 +315,11 @@ class StatsResponse(_message.Message):
         orgs: _builtins.int = ...,
         index_kind: _builtins.str = ...,
         memory_bytes: _builtins.int = ...,
+        building: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["index_kind", b"index_kind", "memory_bytes", b"memory_bytes", "orgs", b"orgs", "vectors", b"vectors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "index_kind", b"index_kind", "memory_bytes", b"memory_bytes", "orgs", b"orgs", "vectors", b"vectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
