@@ -1,0 +1,122 @@
+"""all-mpnet-base-v2 with transformers: mean pooling over the attention mask, L2 normalization.
+
+Inputs are truncated to 384 tokens (special tokens included), the sequence length the model
+was trained with and the one its model card prescribes; text past that point does not change
+the vector. On CUDA the model runs in bf16 (fp16 where bf16 is unsupported), on the CPU in fp32
+with one intra-op thread per core.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from embed_service.assembly import MODEL_NAME
+from embed_service.embedder import TokenIds, Vectors
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 384
+# A word-piece never spans more than 100 characters and natural text averages under 6 per
+# token, so this many characters always hold the first 384 tokens of real text. Clipping first
+# keeps a megabyte-long input from costing a megabyte of tokenization.
+_CLIP_CHARS = 64 * MAX_TOKENS
+
+
+def pick_device(requested: str) -> str:
+    """'cuda' when asked for or when 'auto' finds a GPU, else 'cpu'."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("EMBED_DEVICE=cuda but no CUDA device is available")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+class TransformerEmbedder:
+    """The sentence-transformers recipe of all-mpnet-base-v2 on plain transformers."""
+
+    def __init__(self, folder: Path, device: str = "cpu", threads: int | None = None) -> None:
+        """Load tokenizer and weights from `folder`; never contacts a model hub."""
+        from transformers import AutoModel  # imported here: it is slow and only this needs it
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self._device = torch.device(device)
+        if device == "cpu":
+            torch.set_num_threads(threads or os.cpu_count() or 1)
+            dtype = torch.float32
+        else:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        self._dtype = dtype
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        pad_id = self._tokenizer.token_to_id("<pad>")
+        self._pad_id = 1 if pad_id is None else pad_id
+        model: Any = AutoModel.from_pretrained(folder, local_files_only=True, dtype=dtype)
+        self._model: torch.nn.Module = model.to(self._device).eval()
+        self._dim = int(model.config.hidden_size)
+        self._params = sum(p.numel() for p in model.parameters())
+        log.info("loaded %s on %s (%s)", MODEL_NAME, device, str(dtype).removeprefix("torch."))
+
+    @property
+    def name(self) -> str:
+        """Model identifier returned to clients."""
+        return MODEL_NAME
+
+    @property
+    def dim(self) -> int:
+        """Vector dimension (768)."""
+        return self._dim
+
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda'."""
+        return self._device.type
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype of the weights."""
+        return self._dtype
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying MPNetModel (read-only use: FLOP counts, benchmarks)."""
+        return self._model
+
+    def tokenize(self, texts: Sequence[str]) -> list[TokenIds]:
+        """Token ids with <s> and </s>, truncated to 384 tokens; thread-safe."""
+        encodings = self._tokenizer.encode_batch([t[:_CLIP_CHARS] for t in texts])
+        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def embed(self, batch: Sequence[TokenIds]) -> Vectors:
+        """Pad the batch, run the encoder, mean-pool over real tokens, L2-normalize."""
+        width = max(len(ids) for ids in batch)
+        ids = np.full((len(batch), width), self._pad_id, dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        cuda = self._device.type == "cuda"
+        input_ids = torch.from_numpy(ids)
+        attention = torch.from_numpy(mask)
+        if cuda:
+            # Pinned host memory lets the copy run asynchronously with the previous batch.
+            input_ids = input_ids.pin_memory().to(self._device, non_blocking=True)
+            attention = attention.pin_memory().to(self._device, non_blocking=True)
+        with torch.inference_mode():
+            hidden = self._model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            weights = attention.unsqueeze(-1).to(torch.float32)
+            # Pool in fp32: summing up to 384 bf16 rows loses precision otherwise.
+            pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1).clamp(
+                min=1.0
+            )
+            vectors = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            result: Vectors = vectors.cpu().numpy()
+            return result
