@@ -1,0 +1,220 @@
+"""One organization's vectors: chunk and conversation bookkeeping over a flat or IVF store.
+
+Not thread-safe: the registry serializes every call for an org behind that org's lock and runs
+it on a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from index_service.stores import MISSING, FlatStore, VectorStore, build_ivf, exact_subset
+from index_service.vectors import Labels, Matrix
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result."""
+
+    chunk_id: str
+    conversation_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The vectors of an org at one moment, to build a new store from without the lock."""
+
+    labels: Labels
+    vectors: Matrix
+
+
+# A change recorded while a background rebuild runs, replayed onto the new store before it
+# replaces the old one: (labels removed, labels added, vectors added).
+Change = tuple[Labels, Labels, Matrix]
+
+
+def build_store(
+    labels: Labels, vectors: Matrix, dim: int, flat_threshold: int, target_recall: float
+) -> VectorStore:
+    """A flat store up to `flat_threshold` vectors, a calibrated IVF store past it."""
+    if labels.size > flat_threshold:
+        return build_ivf(labels, vectors, target_recall)
+    store = FlatStore(dim)
+    if labels.size:
+        store.add(labels, vectors)
+    return store
+
+
+class OrgIndex:
+    """Vectors of one org keyed by chunk id, with per-conversation label sets for exact filters."""
+
+    def __init__(self, dim: int, flat_threshold: int, target_recall: float) -> None:
+        self.dim = dim
+        self._flat_threshold = flat_threshold
+        self._target_recall = target_recall
+        self._labels: dict[str, int] = {}
+        self._owners: dict[int, tuple[str, str]] = {}
+        self._by_conversation: dict[str, set[int]] = {}
+        self._next_label = 0
+        self._store: VectorStore = FlatStore(dim)
+        self._built_size = 0
+        self._changes: list[Change] | None = None
+
+    @classmethod
+    def from_rows(
+        cls,
+        chunk_ids: list[str],
+        conversation_ids: list[str],
+        vectors: Matrix,
+        *,
+        flat_threshold: int,
+        target_recall: float,
+    ) -> OrgIndex:
+        """An index holding the given rows (unit-norm vectors), built in one pass."""
+        org = cls(vectors.shape[1], flat_threshold, target_recall)
+        if len(set(chunk_ids)) != len(chunk_ids):
+            # Keep the last row of a repeated chunk id, as a sequence of upserts would.
+            last = {chunk: row for row, chunk in enumerate(chunk_ids)}
+            keep = sorted(last.values())
+            chunk_ids = [chunk_ids[r] for r in keep]
+            conversation_ids = [conversation_ids[r] for r in keep]
+            vectors = np.ascontiguousarray(vectors[np.array(keep, dtype=np.int64)])
+        labels = org._assign(chunk_ids, conversation_ids)
+        org._store = build_store(labels, vectors, org.dim, flat_threshold, target_recall)
+        org._built_size = labels.size
+        return org
+
+    @property
+    def size(self) -> int:
+        return len(self._labels)
+
+    @property
+    def kind(self) -> str:
+        return self._store.kind
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held: the store plus the id bookkeeping (about 200 bytes a chunk)."""
+        return self._store.memory_bytes() + self.size * 200
+
+    def upsert(self, chunk_ids: list[str], conversation_ids: list[str], vectors: Matrix) -> int:
+        """Insert or replace chunks; the next search sees them. Returns the number written."""
+        last = {chunk: row for row, chunk in enumerate(chunk_ids)}
+        rows = np.array(sorted(last.values()), dtype=np.int64)
+        chunks = [chunk_ids[r] for r in rows.tolist()]
+        replaced = np.array([self._labels[c] for c in chunks if c in self._labels], dtype=np.int64)
+        self._forget(replaced)
+        labels = self._assign(chunks, [conversation_ids[r] for r in rows.tolist()])
+        self._apply(replaced, labels, np.ascontiguousarray(vectors[rows]))
+        return len(chunks)
+
+    def delete(self, chunk_ids: list[str], conversation_ids: list[str]) -> int:
+        """Remove the given chunks and every chunk of the given conversations."""
+        doomed = {self._labels[c] for c in chunk_ids if c in self._labels}
+        for conversation in conversation_ids:
+            doomed |= self._by_conversation.get(conversation, set())
+        labels = np.array(sorted(doomed), dtype=np.int64)
+        self._forget(labels)
+        self._apply(labels, np.empty(0, np.int64), np.empty((0, self.dim), np.float32))
+        return int(labels.size)
+
+    def search(self, query: Matrix, k: int, conversation_ids: list[str]) -> list[Hit]:
+        """Top-k by inner product; with `conversation_ids`, only their chunks are candidates."""
+        if not self._labels:
+            return []
+        if not conversation_ids:
+            scores, labels = self._store.search(query, k, None)
+            return self._hits(scores[0], labels[0])
+        allowed: set[int] = set()
+        for conversation in set(conversation_ids):
+            allowed |= self._by_conversation.get(conversation, set())
+        if not allowed:
+            return []
+        subset = np.array(sorted(allowed), dtype=np.int64)
+        want = min(k, subset.size)
+        if self._store.kind == "flat" or subset.size <= self._flat_threshold:
+            scores, labels = (
+                self._store.search(query, k, subset)
+                if self._store.kind == "flat"
+                else exact_subset(self._store, query, k, subset)
+            )
+        else:
+            scores, labels = self._store.search(query, k, subset)
+            if int((labels[0] != MISSING).sum()) < want:
+                # The probed lists held too few allowed chunks: score the subset exactly
+                # rather than answer short.
+                scores, labels = exact_subset(self._store, query, k, subset)
+        return self._hits(scores[0], labels[0])
+
+    def needs_rebuild(self) -> bool:
+        """Whether the store no longer fits the org's size (flat too big, IVF lists too few or
+        too many) and no rebuild is under way."""
+        if self._changes is not None:
+            return False
+        n = self.size
+        if self._store.kind == "flat":
+            return n > self._flat_threshold
+        return n > 2 * self._built_size or n <= self._flat_threshold // 2
+
+    def begin_rebuild(self) -> Snapshot:
+        """Snapshot the vectors and start recording changes until `finish_rebuild`."""
+        labels, vectors = self._store.export()
+        order = np.argsort(labels)
+        self._changes = []
+        return Snapshot(labels[order], vectors[order])
+
+    def build(self, snapshot: Snapshot) -> VectorStore:
+        """Build the store that fits `snapshot`; thread-safe, needs no lock."""
+        return build_store(
+            snapshot.labels, snapshot.vectors, self.dim, self._flat_threshold, self._target_recall
+        )
+
+    def finish_rebuild(self, store: VectorStore | None) -> None:
+        """Replay the changes since the snapshot onto `store` and switch to it (None: abandon)."""
+        changes, self._changes = self._changes or [], None
+        if store is None:
+            return
+        for removed, added, vectors in changes:
+            store.remove(removed)
+            if added.size:
+                store.add(added, vectors)
+        self._store = store
+        self._built_size = store.ntotal
+
+    def _apply(self, removed: Labels, added: Labels, vectors: Matrix) -> None:
+        self._store.remove(removed)
+        if added.size:
+            self._store.add(added, vectors)
+        if self._changes is not None:
+            self._changes.append((removed, added, vectors))
+
+    def _assign(self, chunk_ids: list[str], conversation_ids: list[str]) -> Labels:
+        labels = np.empty(len(chunk_ids), dtype=np.int64)
+        for row, (chunk, conversation) in enumerate(zip(chunk_ids, conversation_ids, strict=True)):
+            label = self._next_label
+            self._next_label += 1
+            self._labels[chunk] = label
+            self._owners[label] = (chunk, conversation)
+            self._by_conversation.setdefault(conversation, set()).add(label)
+            labels[row] = label
+        return labels
+
+    def _forget(self, labels: Labels) -> None:
+        for label in labels.tolist():
+            chunk, conversation = self._owners.pop(label)
+            del self._labels[chunk]
+            members = self._by_conversation[conversation]
+            members.discard(label)
+            if not members:
+                del self._by_conversation[conversation]
+
+    def _hits(self, scores: Matrix, labels: Labels) -> list[Hit]:
+        hits = []
+        for score, label in zip(scores.tolist(), labels.tolist(), strict=True):
+            if label == MISSING:
+                continue
+            chunk, conversation = self._owners[label]
+            hits.append(Hit(chunk, conversation, float(score)))
+        return hits

@@ -1,0 +1,233 @@
+"""The orgs a shard holds: lazy loading from PostgreSQL, routing epochs, per-org locking and
+background rebuilds of indexes that outgrew their kind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from index_service.errors import Unavailable
+from index_service.org_index import Hit, OrgIndex
+from index_service.rebuild import OrgRows
+from index_service.vectors import Matrix
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Source(Protocol):
+    """Where orgs are rebuilt from (PostgreSQL in production)."""
+
+    async def load(self, org_id: str) -> OrgRows: ...
+
+
+@dataclass
+class _Org:
+    index: OrgIndex
+    epoch: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    rebuild: asyncio.Task[None] | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Sizes for one org or for the whole shard."""
+
+    vectors: int
+    orgs: int
+    index_kind: str
+    memory_bytes: int
+    building: bool
+
+
+class Registry:
+    """Holds each org's index; every operation on an org runs on a worker thread with that
+    org's lock held, so searches see every write that finished before them."""
+
+    def __init__(
+        self,
+        source: Source,
+        executor: Executor,
+        *,
+        flat_threshold: int,
+        target_recall: float,
+    ) -> None:
+        self._source = source
+        self._executor = executor
+        self._flat_threshold = flat_threshold
+        self._target_recall = target_recall
+        self._orgs: dict[str, _Org] = {}
+        self._loading: dict[str, tuple[int, asyncio.Task[_Org]]] = {}
+        self.loads = 0  # completed loads from the source, for observability
+
+    @property
+    def org_count(self) -> int:
+        return len(self._orgs)
+
+    async def upsert(
+        self,
+        org_id: str,
+        epoch: int,
+        chunk_ids: list[str],
+        conversation_ids: list[str],
+        vectors: Matrix,
+    ) -> int:
+        """Insert or replace chunks, loading the org first if this shard does not hold it."""
+        org = await self._ensure(org_id, epoch)
+        count = await self._locked(org, org.index.upsert, chunk_ids, conversation_ids, vectors)
+        self._maybe_rebuild(org_id, org)
+        return count
+
+    async def delete(
+        self, org_id: str, epoch: int, chunk_ids: list[str], conversation_ids: list[str]
+    ) -> int:
+        """Remove chunks by id and by conversation."""
+        org = await self._ensure(org_id, epoch)
+        count = await self._locked(org, org.index.delete, chunk_ids, conversation_ids)
+        self._maybe_rebuild(org_id, org)
+        return count
+
+    async def search(
+        self, org_id: str, epoch: int, query: Matrix, k: int, conversation_ids: list[str]
+    ) -> list[Hit]:
+        """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any."""
+        org = await self._ensure(org_id, epoch)
+        return await self._locked(org, org.index.search, query, k, conversation_ids)
+
+    async def drop(self, org_id: str) -> int:
+        """Forget an org's index (not its rows: PostgreSQL is not written here)."""
+        pending = self._loading.get(org_id)
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending[1])
+        org = self._orgs.pop(org_id, None)
+        if org is None:
+            return 0
+        if org.rebuild is not None:
+            org.rebuild.cancel()
+        return org.index.size
+
+    async def stats(self, org_id: str, epoch: int) -> Stats:
+        """One org's figures (loading it if needed), or the shard's totals when org_id is ''."""
+        if org_id:
+            org = await self._ensure(org_id, epoch)
+            return Stats(
+                org.index.size,
+                1,
+                org.index.kind,
+                org.index.memory_bytes(),
+                org.rebuild is not None,
+            )
+        orgs = list(self._orgs.values())
+        return Stats(
+            sum(o.index.size for o in orgs),
+            len(orgs),
+            "",
+            sum(o.index.memory_bytes() for o in orgs),
+            any(o.rebuild is not None for o in orgs),
+        )
+
+    async def preload(self, org_ids: list[str], epoch: int) -> None:
+        """Load the given orgs one after another (at start, for the orgs this shard owns)."""
+        for org_id in org_ids:
+            try:
+                await self._ensure(org_id, epoch)
+            except Unavailable:
+                log.exception("preloading org %s failed; it will load on first request", org_id)
+
+    async def settle(self) -> None:
+        """Wait until no load or background rebuild is running."""
+        while True:
+            tasks: list[asyncio.Future[Any]] = [t for _, t in self._loading.values()]
+            tasks += [o.rebuild for o in self._orgs.values() if o.rebuild is not None]
+            if not tasks:
+                return
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel loads and rebuilds and wait for them to end."""
+        tasks: list[asyncio.Future[Any]] = [t for _, t in self._loading.values()]
+        tasks += [o.rebuild for o in self._orgs.values() if o.rebuild is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _ensure(self, org_id: str, epoch: int) -> _Org:
+        """The org's current copy, loaded (once, however many callers wait) when this shard
+        does not hold it or holds a copy loaded under another routing epoch."""
+        while True:
+            held = self._orgs.get(org_id)
+            if held is not None and (epoch == 0 or held.epoch == epoch):
+                return held
+            pending = self._loading.get(org_id)
+            if pending is None:
+                pending = (epoch, asyncio.create_task(self._load(org_id, epoch)))
+                self._loading[org_id] = pending
+            load_epoch, task = pending
+            org = await asyncio.shield(task)
+            # A load started for another epoch does not count: go round and start ours. Ours,
+            # once done, is returned even if a later epoch has started another since.
+            if epoch == 0 or load_epoch == epoch:
+                return org
+
+    async def _load(self, org_id: str, epoch: int) -> _Org:
+        try:
+            try:
+                rows = await self._source.load(org_id)
+            except Exception as exc:  # any failure to read the source: retryable
+                raise Unavailable(f"cannot load org {org_id}: {exc}") from exc
+            index = await self._run(
+                OrgIndex.from_rows,
+                rows.chunk_ids,
+                rows.conversation_ids,
+                rows.vectors,
+                flat_threshold=self._flat_threshold,
+                target_recall=self._target_recall,
+            )
+            old = self._orgs.get(org_id)
+            if old is not None and old.rebuild is not None:
+                old.rebuild.cancel()
+            org = _Org(index, epoch)
+            self._orgs[org_id] = org
+            self.loads += 1
+            log.info("loaded org %s: %d vectors (%s)", org_id, index.size, index.kind)
+            return org
+        finally:
+            self._loading.pop(org_id, None)
+
+    def _maybe_rebuild(self, org_id: str, org: _Org) -> None:
+        if org.rebuild is None and self._orgs.get(org_id) is org and org.index.needs_rebuild():
+            org.rebuild = asyncio.create_task(self._rebuild(org_id, org))
+
+    async def _rebuild(self, org_id: str, org: _Org) -> None:
+        """Build a fitting index from a snapshot without holding the lock, so the org keeps
+        serving; the changes made meanwhile are replayed before the switch."""
+        try:
+            snapshot = await self._locked(org, org.index.begin_rebuild)
+            store = None
+            try:
+                store = await self._run(org.index.build, snapshot)
+            finally:
+                await self._locked(org, org.index.finish_rebuild, store)
+            log.info("rebuilt org %s: %d vectors (%s)", org_id, org.index.size, org.index.kind)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("rebuilding org %s failed; it keeps its current index", org_id)
+        finally:
+            org.rebuild = None
+        self._maybe_rebuild(org_id, org)
+
+    async def _locked(self, org: _Org, fn: Callable[..., T], *args: object) -> T:
+        async with org.lock:
+            return await self._run(fn, *args)
+
+    async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
