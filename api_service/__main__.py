@@ -1,0 +1,3 @@
+from api_service.main import main
+
+main()

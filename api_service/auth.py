@@ -1,0 +1,97 @@
+"""API keys: issue, hash, resolve to a principal, check scopes.
+
+A key is `cmk_` + 43 random url-safe characters; only its sha256 is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import asyncpg
+
+from api_service.core.errors import Forbidden, InvalidInput, Unauthorized
+from api_service.core.ids import new_id
+from api_service.store import admin
+from api_service.store.records import ApiKey
+
+Scope = Literal["read", "write"]
+SCOPES: tuple[Scope, ...] = ("read", "write")
+KEY_PREFIX = "cmk_"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the key's organization and scopes."""
+
+    org_id: str
+    key_id: str
+    scopes: frozenset[str]
+
+    def require(self, scope: Scope) -> None:
+        if scope not in self.scopes:
+            raise Forbidden(f"Forbidden: missing scope {scope}")
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_scopes(text: str) -> list[str]:
+    scopes = sorted({s.strip() for s in text.split(",") if s.strip()})
+    unknown = [s for s in scopes if s not in SCOPES]
+    if not scopes or unknown:
+        raise InvalidInput(f"scopes must be a comma-separated subset of {', '.join(SCOPES)}")
+    return scopes
+
+
+async def issue_key(
+    conn: asyncpg.Connection, org_id: str, scopes: list[str], expires_in_days: float | None
+) -> tuple[str, ApiKey]:
+    """Create a key; return the secret (shown once, never stored) and its record."""
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    expires_at = (
+        None if expires_in_days is None else datetime.now(UTC) + timedelta(days=expires_in_days)
+    )
+    record = await admin.insert_key(
+        conn,
+        org_id=org_id,
+        key_id=new_id("key"),
+        key_hash=hash_key(secret),
+        prefix=secret[:10],
+        scopes=scopes,
+        expires_at=expires_at,
+    )
+    return secret, record
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer <token>` header, or Unauthorized."""
+    if not authorization:
+        raise Unauthorized("Unauthorized: missing API key (send 'Authorization: Bearer <key>')")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("Unauthorized: expected 'Authorization: Bearer <key>'")
+    return token.strip()
+
+
+async def resolve(
+    pool: asyncpg.Pool, authorization: str | None, now: datetime | None = None
+) -> Principal:
+    """The principal for an Authorization header; 401 for a missing or unknown key, 403 for an
+    expired or revoked one."""
+    token = bearer_token(authorization)
+    digest = hash_key(token)
+    found = await admin.key_by_hash(pool, digest)
+    if found is None or not hmac.compare_digest(found[1], digest):
+        raise Unauthorized("Unauthorized: invalid API key")
+    key = found[0]
+    if key.revoked_at is not None:
+        raise Forbidden("Forbidden: API key revoked")
+    if key.expires_at is not None and key.expires_at <= (now or datetime.now(UTC)):
+        raise Forbidden("Forbidden: API key expired")
+    return Principal(org_id=key.org_id, key_id=key.key_id, scopes=frozenset(key.scopes))

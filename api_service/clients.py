@@ -1,0 +1,131 @@
+"""gRPC clients of embed_service and the index shards, with deadlines and shard routing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from index_service.routing import routing_epoch, shard_for
+from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
+
+Vectors = npt.NDArray[np.float32]
+
+# Texts and vectors of a large batch exceed gRPC's default 4 MiB message size.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+]
+
+
+def _channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+
+
+class EmbedClient:
+    """Embeds texts through embed_service."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self._channel = _channel(address)
+        self._stub = embed_pb2_grpc.EmbedServiceStub(self._channel)
+        self._timeout = timeout
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One L2-normalized float32 row per text, in order."""
+        reply = await self._stub.Embed(
+            embed_pb2.EmbedRequest(texts=list(texts)), timeout=self._timeout
+        )
+        vectors = np.frombuffer(reply.vectors, dtype="<f4").astype(np.float32, copy=False)
+        return vectors.reshape(len(texts), reply.dim)
+
+    async def ready(self) -> bool:
+        reply = await self._stub.Health(embed_pb2.HealthRequest(), timeout=self._timeout)
+        return bool(reply.ready)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class IndexRouter:
+    """Routes each org's index calls to its shard (rendezvous hashing over `shards`)."""
+
+    def __init__(self, shards: Sequence[str], timeout: float) -> None:
+        if not shards:
+            raise ValueError("at least one index shard address is required")
+        self.shards = list(shards)
+        self._epoch = routing_epoch(self.shards)
+        self._channels = {address: _channel(address) for address in self.shards}
+        self._stubs = {
+            address: index_pb2_grpc.IndexServiceStub(channel)
+            for address, channel in self._channels.items()
+        }
+        self._timeout = timeout
+
+    def _stub(self, org_id: str) -> index_pb2_grpc.IndexServiceStub:
+        return self._stubs[shard_for(org_id, self.shards)]
+
+    async def upsert(
+        self, org_id: str, items: Sequence[tuple[str, str, bytes]], dim: int
+    ) -> None:
+        """Insert or replace (chunk_id, conversation_id, float32 bytes) items."""
+        await self._stub(org_id).Upsert(
+            index_pb2.UpsertRequest(
+                org_id=org_id, dim=dim, routing_epoch=self._epoch,
+                items=[
+                    index_pb2.VectorItem(chunk_id=c, conversation_id=v, vector=b)
+                    for c, v, b in items
+                ],
+            ),
+            timeout=self._timeout,
+        )
+
+    async def delete_conversation(self, org_id: str, conversation_id: str) -> None:
+        await self._stub(org_id).Delete(
+            index_pb2.DeleteRequest(
+                org_id=org_id, conversation_ids=[conversation_id], routing_epoch=self._epoch
+            ),
+            timeout=self._timeout,
+        )
+
+    async def search(
+        self, org_id: str, query: Vectors, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        reply = await self._stub(org_id).Search(
+            index_pb2.SearchRequest(
+                org_id=org_id, query=query.astype("<f4").tobytes(), dim=query.shape[-1], k=k,
+                conversation_ids=list(conversation_ids or ()), routing_epoch=self._epoch,
+            ),
+            timeout=self._timeout,
+        )
+        return [(hit.chunk_id, hit.score) for hit in reply.hits]
+
+    async def ready(self) -> dict[str, bool]:
+        status = {}
+        for address, stub in self._stubs.items():
+            try:
+                reply = await stub.Health(index_pb2.IndexHealthRequest(), timeout=self._timeout)
+                status[address] = bool(reply.ready)
+            except grpc.aio.AioRpcError:
+                status[address] = False
+        return status
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+
+class GrpcSemanticIndex:
+    """SemanticIndex over the two services: embed the query, search the org's shard."""
+
+    def __init__(self, embedder: EmbedClient, index: IndexRouter) -> None:
+        self._embedder = embedder
+        self._index = index
+
+    async def nearest(
+        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        vector = (await self._embedder.embed([query]))[0]
+        return await self._index.search(org_id, vector, k, conversation_ids)

@@ -1,0 +1,1 @@
+"""The memory operations both interfaces (REST and MCP) call: one core, thin adapters."""

@@ -1,0 +1,40 @@
+"""Windows of WINDOW messages with stride STRIDE: window k covers [1 + STRIDE*k, WINDOW + STRIDE*k]."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+WINDOW = 5
+STRIDE = 3
+
+
+def window_starts_touching(first: int, last: int, count: int) -> list[int]:
+    """Start sequences of the windows that contain any sequence in [first, last].
+
+    `count` is the conversation's message count; windows start only at sequences <= count.
+    """
+    if first > last:
+        return []
+    lowest_k = max(0, -(-(first - WINDOW) // STRIDE))  # ceil((first - WINDOW) / STRIDE)
+    highest_k = (min(last, count) - 1) // STRIDE
+    return [1 + STRIDE * k for k in range(lowest_k, highest_k + 1)]
+
+
+def window_end(start: int, count: int) -> int:
+    """Last sequence of the window starting at `start` in a conversation of `count` messages."""
+    return min(start + WINDOW - 1, count)
+
+
+def chunk_text(lines: Iterable[tuple[str, str]]) -> str:
+    """One line per message, `[role]: content`."""
+    return "\n".join(f"[{role}]: {content}" for role, content in lines)
+
+
+TRUNCATION_SUFFIX = "...[truncated]"
+
+
+def clip(text: str, max_chars: int) -> str:
+    """Clip to at most `max_chars` characters, the suffix included, marking the cut."""
+    if len(text) <= max_chars:
+        return text
+    return text[: max_chars - len(TRUNCATION_SUFFIX)] + TRUNCATION_SUFFIX

@@ -1,0 +1,289 @@
+"""The memory operations. REST routes and MCP tools are thin adapters over these methods."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from api_service.auth import Principal
+from api_service.core import chunking, validation, views
+from api_service.core.errors import InvalidInput, NotFound, conversation_not_found
+from api_service.core.ids import chunk_id, new_id
+from api_service.core.ports import IndexWaiter, SemanticIndex
+from api_service.settings import Limits
+from api_service.store import repository as repo
+from api_service.store.records import ChunkRow, NewMessage
+
+log = logging.getLogger(__name__)
+
+# Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
+RRF_K = 60
+
+
+class MemoryService:
+    """Conversation memory for one deployment; every method acts within the caller's org."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        limits: Limits,
+        semantic: SemanticIndex,
+        indexer: IndexWaiter | None = None,
+        append_wait_seconds: float = 0.0,
+    ) -> None:
+        self._pool = pool
+        self._limits = limits
+        self._semantic = semantic
+        self._indexer = indexer
+        self._append_wait = append_wait_seconds
+
+    async def create_conversation(
+        self,
+        who: Principal,
+        *,
+        title: str | None = None,
+        agent_id: str | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        who.require("write")
+        limits = self._limits
+        validation.text("title", title, limits.title_chars)
+        validation.text("agent_id", agent_id, limits.agent_id_chars)
+        clean_tags = validation.tags("tags", tags, limits)
+        validation.metadata("metadata", metadata, limits)
+        conversation_id = new_id("conv")
+        async with self._pool.acquire() as conn:
+            await repo.insert_conversation(
+                conn, who.org_id, conversation_id,
+                title=title, agent_id=agent_id, tags=clean_tags, metadata=metadata or {},
+                storage_bytes=validation.stored_bytes(title, agent_id, metadata),
+            )
+        return {"conversation_id": conversation_id}
+
+    async def append_messages(
+        self, who: Principal, conversation_id: str | None, messages: Sequence[NewMessage]
+    ) -> dict[str, Any]:
+        """Store messages with the next sequences, (re)build the windows they touch and queue
+        them for indexing, all in one transaction. `conversation_id=None` means the org's
+        default memory. Waits, bounded, for the chunks to be indexed."""
+        who.require("write")
+        items = validation.messages(messages, self._limits)
+        added_bytes = sum(
+            validation.stored_bytes(m.content, m.tool_call_id, m.tool_name, m.metadata)
+            for m in items
+        )
+        message_ids = [new_id("msg") for _ in items]
+        async with self._pool.acquire() as conn, conn.transaction():
+            if conversation_id is None:
+                conversation_id = await repo.default_conversation_id(
+                    conn, who.org_id, new_id("conv"), validation.stored_bytes("Default memory")
+                )
+            count = await repo.reserve_sequences(
+                conn, who.org_id, conversation_id, len(items), added_bytes
+            )
+            if count is None:
+                raise conversation_not_found()
+            first = count - len(items) + 1
+            await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
+            job_id = await self._rebuild_windows(conn, who.org_id, conversation_id, first, count,
+                                                 count)
+        await self._await_indexing([job_id])
+        return {
+            "appended": len(items),
+            "message_ids": message_ids,
+            "conversation_id": conversation_id,
+        }
+
+    async def update_message(
+        self, who: Principal, conversation_id: str, message_id: str, content: str
+    ) -> dict[str, Any]:
+        """Replace a message's content in place and rebuild the windows that contain it."""
+        who.require("write")
+        validation.text("content", content, self._limits.content_chars, required=True)
+        async with self._pool.acquire() as conn, conn.transaction():
+            count = await repo.lock_conversation(conn, who.org_id, conversation_id)
+            if count is None:
+                raise conversation_not_found()
+            updated = await repo.replace_message_content(
+                conn, who.org_id, conversation_id, message_id, content
+            )
+            if updated is None:
+                raise NotFound("Message not found")
+            message, delta = updated
+            await repo.touch_conversation(conn, who.org_id, conversation_id, delta)
+            job_id = await self._rebuild_windows(
+                conn, who.org_id, conversation_id, message.sequence, message.sequence, count
+            )
+        await self._await_indexing([job_id])
+        return {"updated": True, "message": views.message(message)}
+
+    async def get_conversation(
+        self, who: Principal, conversation_id: str, *, message_limit: int, message_offset: int
+    ) -> dict[str, Any]:
+        who.require("read")
+        _bounds("message_limit", message_limit, 1, 500)
+        _bounds("message_offset", message_offset, 0, None)
+        async with self._pool.acquire() as conn:
+            conversation = await repo.get_conversation(conn, who.org_id, conversation_id)
+            if conversation is None:
+                raise conversation_not_found()
+            messages = await repo.get_messages(
+                conn, who.org_id, conversation_id, limit=message_limit, offset=message_offset
+            )
+        return {
+            "conversation": views.conversation(conversation),
+            "messages": [views.message(m) for m in messages],
+        }
+
+    async def list_conversations(
+        self,
+        who: Principal,
+        *,
+        limit: int,
+        offset: int,
+        agent_id: str | None,
+        tags: Sequence[str] | None,
+        sort: repo.SortKey,
+        order: repo.Order,
+    ) -> dict[str, Any]:
+        who.require("read")
+        _bounds("limit", limit, 1, 100)
+        _bounds("offset", offset, 0, None)
+        if sort not in ("created_at", "updated_at", "message_count"):
+            raise InvalidInput("sort must be one of created_at, updated_at, message_count")
+        if order not in ("asc", "desc"):
+            raise InvalidInput("order must be asc or desc")
+        clean_tags = validation.tags("tags", tags, self._limits)
+        async with self._pool.acquire() as conn:
+            rows, total = await repo.list_conversations(
+                conn, who.org_id, limit=limit, offset=offset, agent_id=agent_id,
+                tags=clean_tags, sort=sort, order=order,
+            )
+        return {"conversations": [views.conversation_summary(c) for c in rows], "total": total}
+
+    async def delete_conversation(self, who: Principal, conversation_id: str) -> dict[str, Any]:
+        """Delete the conversation, its messages and chunks; its vectors go through the outbox,
+        so an index shard that is down converges when it is back."""
+        who.require("write")
+        async with self._pool.acquire() as conn, conn.transaction():
+            if not await repo.delete_conversation(conn, who.org_id, conversation_id):
+                raise conversation_not_found()
+            await repo.enqueue_index_job(conn, who.org_id, "delete", conversation_id)
+        if self._indexer is not None:
+            self._indexer.notify()
+        return {"deleted": True}
+
+    async def search(
+        self,
+        who: Principal,
+        query: str,
+        *,
+        limit: int = 5,
+        conversation_id: str | None = None,
+        tags: Sequence[str] | None = None,
+        project: str | None = None,
+        snippet_chars: int = 1500,
+        hybrid: bool = False,
+    ) -> dict[str, Any]:
+        """Chunks ranked by cosine similarity to `query`; with `hybrid`, fused by reciprocal
+        rank with PostgreSQL full-text ranking. Filters narrow the candidates before ranking."""
+        who.require("read")
+        validation.text("query", query, self._limits.query_chars, required=True)
+        if not query.strip():
+            raise InvalidInput("query must not be empty")
+        _bounds("limit", limit, 1, 50)
+        _bounds("snippet_chars", snippet_chars, len(chunking.TRUNCATION_SUFFIX) + 1, 5000)
+        clean_tags = validation.tags("tags", tags, self._limits)
+        allowed: list[str] | None = None
+        async with self._pool.acquire() as conn:
+            if conversation_id is not None or clean_tags or project is not None:
+                if conversation_id is not None and await repo.get_conversation(
+                    conn, who.org_id, conversation_id
+                ) is None:
+                    raise conversation_not_found()
+                allowed = await repo.conversation_ids_matching(
+                    conn, who.org_id, conversation_id=conversation_id, tags=clean_tags,
+                    project=project,
+                )
+                if not allowed:
+                    return {"results": [], "total": 0}
+            # Over-fetch: a hit whose chunk was deleted a moment ago is dropped below.
+            depth = 2 * limit
+            vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
+            lexical = (
+                await repo.lexical_search(conn, who.org_id, query, depth, allowed) if hybrid else []
+            )
+            ranked = _fuse(vector_hits, [c.chunk_id for c in lexical]) if hybrid else vector_hits
+            rows = await repo.chunks_by_id(conn, who.org_id, [cid for cid, _ in ranked])
+        results = [
+            _result(rows[cid], score, snippet_chars) for cid, score in ranked if cid in rows
+        ][:limit]
+        return {"results": results, "total": len(results)}
+
+    async def _rebuild_windows(
+        self,
+        conn: asyncpg.Connection,
+        org_id: str,
+        conversation_id: str,
+        first: int,
+        last: int,
+        count: int,
+    ) -> int:
+        """(Re)write the chunk rows of windows touching [first, last]; queue them for indexing."""
+        starts = chunking.window_starts_touching(first, last, count)
+        lines = await repo.message_lines(
+            conn, org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
+        )
+        chunks = []
+        for start in starts:
+            end = chunking.window_end(start, count)
+            chunks.append(ChunkRow(
+                chunk_id=chunk_id(conversation_id, start),
+                conversation_id=conversation_id,
+                start_sequence=start,
+                end_sequence=end,
+                text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
+            ))
+        await repo.upsert_chunks(conn, org_id, conversation_id, chunks)
+        return await repo.enqueue_index_job(
+            conn, org_id, "upsert", conversation_id, [c.chunk_id for c in chunks]
+        )
+
+    async def _await_indexing(self, job_ids: list[int]) -> None:
+        if self._indexer is None:
+            return
+        self._indexer.notify()
+        if self._append_wait > 0 and not await self._indexer.wait_done(job_ids, self._append_wait):
+            # Committed all the same; the indexer finishes the job later.
+            log.warning("indexing not done within %.1fs; continuing in the background",
+                        self._append_wait)
+
+
+def _bounds(name: str, value: int, low: int, high: int | None) -> None:
+    if value < low or (high is not None and value > high):
+        allowed = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise InvalidInput(f"{name} must be {allowed}")
+
+
+def _fuse(vector_hits: list[tuple[str, float]], lexical_ids: list[str]) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion of two rankings."""
+    scores: dict[str, float] = {}
+    for ranking in ([cid for cid, _ in vector_hits], lexical_ids):
+        for rank, cid in enumerate(ranking, start=1):
+            scores[cid] = scores.get(cid, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _result(chunk: ChunkRow, score: float, snippet_chars: int) -> dict[str, Any]:
+    return {
+        "chunk_id": chunk.chunk_id,
+        "conversation_id": chunk.conversation_id,
+        "chunk_text": chunking.clip(chunk.text, snippet_chars),
+        "score": round(float(score), 6),
+        "start_sequence": chunk.start_sequence,
+        "end_sequence": chunk.end_sequence,
+    }

@@ -1,0 +1,79 @@
+"""Checks of caller input against the configured size limits; each error names its parameter."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from api_service.core.errors import InvalidInput
+from api_service.settings import Limits
+from api_service.store.records import NewMessage
+
+ROLES = ("user", "assistant", "system", "tool")
+_TAG = re.compile(r"^[A-Za-z0-9_.:-]+$")
+
+
+def text(name: str, value: str | None, max_chars: int, *, required: bool = False) -> str | None:
+    """A string no longer than `max_chars`, free of NUL characters (PostgreSQL cannot store them)."""
+    if value is None:
+        if required:
+            raise InvalidInput(f"{name} is required")
+        return None
+    if len(value) > max_chars:
+        raise InvalidInput(f"{name} is longer than {max_chars} characters")
+    if "\x00" in value:
+        raise InvalidInput(f"{name} must not contain NUL (\\u0000) characters")
+    return value
+
+
+def tags(name: str, values: Sequence[str] | None, limits: Limits) -> list[str]:
+    if not values:
+        return []
+    if len(values) > limits.tags:
+        raise InvalidInput(f"{name} holds more than {limits.tags} tags")
+    for tag in values:
+        if len(tag) > limits.tag_chars or not _TAG.match(tag):
+            raise InvalidInput(
+                f"{name}: each tag is 1 to {limits.tag_chars} characters of A-Z a-z 0-9 _ . : -"
+            )
+    return list(dict.fromkeys(values))  # drop repeats, keep order
+
+
+def metadata(name: str, value: dict[str, Any] | None, limits: Limits) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    encoded = json.dumps(value, ensure_ascii=False)
+    if len(encoded.encode()) > limits.metadata_bytes:
+        raise InvalidInput(f"{name} is larger than {limits.metadata_bytes} bytes as JSON")
+    if "\\u0000" in encoded:
+        raise InvalidInput(f"{name} must not contain NUL (\\u0000) characters")
+    return value
+
+
+def messages(items: Sequence[NewMessage], limits: Limits) -> list[NewMessage]:
+    if not items:
+        raise InvalidInput("messages must hold at least 1 message")
+    if len(items) > limits.messages_per_append:
+        raise InvalidInput(f"messages holds more than {limits.messages_per_append} messages")
+    for i, m in enumerate(items):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise InvalidInput(f"{where}.role must be one of {', '.join(ROLES)}")
+        text(f"{where}.content", m.content, limits.content_chars, required=True)
+        text(f"{where}.tool_call_id", m.tool_call_id, limits.tool_field_chars)
+        text(f"{where}.tool_name", m.tool_name, limits.tool_field_chars)
+        metadata(f"{where}.metadata", m.metadata, limits)
+    return list(items)
+
+
+def stored_bytes(*parts: str | dict[str, Any] | None) -> int:
+    """Bytes a write adds to storage: UTF-8 text plus metadata as JSON."""
+    total = 0
+    for part in parts:
+        if isinstance(part, str):
+            total += len(part.encode())
+        elif part is not None:
+            total += len(json.dumps(part, ensure_ascii=False).encode())
+    return total

@@ -1,0 +1,181 @@
+"""The outbox worker: embeds pending chunks, stores their vectors in PostgreSQL, upserts them to
+the org's index shard, then marks the job done. Deletions reach the shards the same way.
+
+Jobs are leased (run_after moves forward) rather than locked for the whole run, so a crashed
+worker's jobs come back after the lease, and several replicas can drain one outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from api_service.clients import EmbedClient, IndexRouter
+
+log = logging.getLogger(__name__)
+
+LEASE_SECONDS = 60
+MAX_BACKOFF_SECONDS = 60.0
+POLL_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_id: int
+    org_id: str
+    kind: str
+    conversation_id: str
+    chunk_ids: list[str]
+    attempts: int
+
+
+class Indexer:
+    """Drains index_outbox in the background; appends can wait for their own jobs."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, embedder: EmbedClient, index: IndexRouter, batch_size: int = 64
+    ) -> None:
+        self._pool = pool
+        self._embedder = embedder
+        self._index = index
+        self._batch_size = batch_size
+        self._wake = asyncio.Event()
+        self._done = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="indexer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    async def wait_done(self, job_ids: Sequence[int], timeout: float) -> bool:
+        """True once none of `job_ids` is left in the outbox (done here or by another replica)."""
+
+        async def pending() -> bool:
+            left = await self._pool.fetchval(
+                "SELECT count(*) FROM index_outbox WHERE job_id = ANY($1::bigint[])",
+                list(job_ids),
+            )
+            return bool(left)
+
+        async def until_done() -> None:
+            async with self._done:
+                while await pending():
+                    # Woken by this worker's progress, or re-checked for other replicas' work.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._done.wait(), POLL_SECONDS)
+
+        try:
+            await asyncio.wait_for(until_done(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                worked = await self.run_once()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("indexer: database unavailable (%s); retrying", type(exc).__name__)
+                worked = False
+            if not worked:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), POLL_SECONDS)
+                self._wake.clear()
+
+    async def run_once(self) -> bool:
+        """Lease and process one batch of due jobs; False when none was due."""
+        jobs = await self._lease()
+        if not jobs:
+            return False
+        for job in jobs:
+            try:
+                if job.kind == "delete":
+                    await self._index.delete_conversation(job.org_id, job.conversation_id)
+                else:
+                    await self._index_chunks(job)
+            except Exception as exc:  # any failure: keep the job, retry with backoff
+                await self._retry_later(job, exc)
+            else:
+                await self._pool.execute("DELETE FROM index_outbox WHERE job_id = $1", job.job_id)
+        async with self._done:
+            self._done.notify_all()
+        return True
+
+    async def _lease(self) -> list[Job]:
+        rows = await self._pool.fetch(
+            """UPDATE index_outbox SET run_after = now() + make_interval(secs => $2),
+                                       attempts = attempts + 1
+                WHERE job_id IN (SELECT job_id FROM index_outbox WHERE run_after <= now()
+                                  ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+            RETURNING job_id, org_id, kind, conversation_id, chunk_ids, attempts""",
+            self._batch_size, LEASE_SECONDS,
+        )
+        return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
+
+    async def _index_chunks(self, job: Job) -> None:
+        pending = await self._pool.fetch(
+            "SELECT chunk_id, version, text FROM chunks "
+            "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NULL",
+            job.org_id, job.chunk_ids,
+        )
+        for start in range(0, len(pending), self._batch_size):
+            batch = pending[start:start + self._batch_size]
+            vectors = await self._embedder.embed([r["text"] for r in batch])
+            # Only the version that was embedded is written: a newer text keeps NULL.
+            await self._pool.executemany(
+                "UPDATE chunks SET embedding = $4 "
+                "WHERE org_id = $1 AND chunk_id = $2 AND version = $3",
+                [
+                    (job.org_id, r["chunk_id"], r["version"], v.astype("<f4").tobytes())
+                    for r, v in zip(batch, vectors, strict=True)
+                ],
+            )
+        # A chunk rebuilt meanwhile stays NULL here and is indexed by its own, later job.
+        ready = await self._pool.fetch(
+            "SELECT chunk_id, conversation_id, embedding FROM chunks "
+            "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NOT NULL",
+            job.org_id, job.chunk_ids,
+        )
+        if ready:
+            dim = len(ready[0]["embedding"]) // 4
+            await self._index.upsert(
+                job.org_id,
+                [(r["chunk_id"], r["conversation_id"], bytes(r["embedding"])) for r in ready],
+                dim,
+            )
+            await self._drop_if_deleted(job)
+
+    async def _drop_if_deleted(self, job: Job) -> None:
+        """A delete that committed while this job ran must win over its upsert."""
+        exists = await self._pool.fetchval(
+            "SELECT 1 FROM conversations WHERE org_id = $1 AND conversation_id = $2",
+            job.org_id, job.conversation_id,
+        )
+        if exists is None:
+            await self._index.delete_conversation(job.org_id, job.conversation_id)
+
+    async def _retry_later(self, job: Job, exc: Exception) -> None:
+        delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(job.attempts, 10))
+        log.warning(
+            "indexer: job %d (%s) failed on attempt %d: %s; retrying in %.1fs",
+            job.job_id, job.kind, job.attempts, type(exc).__name__, delay,
+        )
+        await self._pool.execute(
+            "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2), "
+            "last_error = $3 WHERE job_id = $1",
+            job.job_id, delay, f"{type(exc).__name__}: {exc}"[:500],
+        )
+

@@ -1,0 +1,210 @@
+"""The api_service process: FastAPI (REST under /api/v1) with the MCP app at /mcp, one lifespan."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+import uvicorn
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest
+
+from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
+from api_service.core.memory import MemoryService
+from api_service.http import GuardMiddleware
+from api_service.indexer import Indexer
+from api_service.mcp_server import build_mcp
+from api_service.rest import conversations, messages, search
+from api_service.rest import errors as rest_errors
+from api_service.settings import ApiSettings
+from api_service.store.db import create_pool
+from api_service.store.embedded import start_embedded
+from api_service.store.migrate import migrate_url
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/api/v1"
+
+
+@dataclass
+class Runtime:
+    """What the lifespan opens and closes; filled when the app starts."""
+
+    pool: asyncpg.Pool | None = None
+    memory: MemoryService | None = None
+    embedder: EmbedClient | None = None
+    index: IndexRouter | None = None
+    indexer: Indexer | None = None
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def require_pool(self) -> asyncpg.Pool:
+        if self.pool is None:
+            raise RuntimeError("the service is not started")
+        return self.pool
+
+    def require_memory(self) -> MemoryService:
+        if self.memory is None:
+            raise RuntimeError("the service is not started")
+        return self.memory
+
+
+async def database_url(settings: ApiSettings, stack: contextlib.ExitStack) -> str:
+    """DATABASE_URL when set, else an embedded PostgreSQL under the data dir."""
+    if settings.database_url:
+        return settings.database_url
+    url, server = start_embedded(settings.embedded_pg_dir)
+    stack.callback(server.cleanup)
+    return url
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The whole HTTP front; dependencies are opened by its lifespan."""
+    runtime = Runtime()
+    mcp = build_mcp(runtime.require_memory)
+    mcp_app = mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        stateless_http=True,
+        json_response=True,
+        max_request_body_size=settings.limits.body_bytes,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        with contextlib.ExitStack() as stack:
+            url = await database_url(settings, stack)
+            applied = await migrate_url(url)
+            if applied:
+                log.info("applied migrations: %s", ", ".join(applied))
+            pool = await create_pool(url, settings.db_pool_min, settings.db_pool_max)
+            embedder = EmbedClient(settings.embed_address, settings.grpc_timeout_seconds)
+            index = IndexRouter(settings.index_shards, settings.grpc_timeout_seconds)
+            indexer = Indexer(pool, embedder, index, settings.indexer_batch_size)
+            if settings.indexer_enabled:
+                indexer.start()
+            runtime.pool, runtime.embedder, runtime.index = pool, embedder, index
+            runtime.indexer = indexer if settings.indexer_enabled else None
+            runtime.memory = MemoryService(
+                pool, settings.limits, GrpcSemanticIndex(embedder, index),
+                runtime.indexer, settings.append_index_wait_seconds,
+            )
+            app.state.memory = runtime.memory
+            try:
+                async with mcp.session_manager.run():
+                    yield
+            finally:
+                await indexer.stop()
+                await embedder.close()
+                await index.close()
+                await pool.close()
+
+    app = FastAPI(
+        title="Conversation Memory API",
+        version="1.0.0",
+        description="Verbatim conversation storage per organization with semantic search.",
+        lifespan=lifespan,
+    )
+    rest_errors.install(app)
+    for router in (conversations.router, messages.router, search.router):
+        app.include_router(router, prefix=API_PREFIX)
+    _add_operations(app, runtime)
+    _add_metrics(app, runtime.registry)
+    app.add_middleware(
+        GuardMiddleware, pool_of=runtime.require_pool, max_body_bytes=settings.limits.body_bytes
+    )
+    if settings.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins,
+            allow_headers=["Authorization", "Content-Type"], allow_methods=["*"],
+        )
+    app.mount("/", mcp_app)  # last: serves /mcp; every other path is matched above first
+    return app
+
+
+def _add_operations(app: FastAPI, runtime: Runtime) -> None:
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        checks: dict[str, Any] = {}
+        try:
+            await runtime.require_pool().fetchval("SELECT 1")
+            checks["postgres"] = True
+        except Exception:
+            checks["postgres"] = False
+        try:
+            checks["embed"] = runtime.embedder is not None and await runtime.embedder.ready()
+        except Exception:
+            checks["embed"] = False
+        shards = await runtime.index.ready() if runtime.index else {}
+        checks["index"] = shards
+        ok = checks["postgres"] and checks["embed"] and bool(shards) and all(shards.values())
+        return JSONResponse(
+            {"status": "ready" if ok else "not ready", "checks": checks},
+            status_code=200 if ok else 503,
+        )
+
+
+def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
+    requests = Counter(
+        "memory_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
+    )
+    latency = Histogram(
+        "memory_http_request_seconds", "HTTP request latency", ["method", "route"],
+        registry=registry,
+    )
+
+    @app.middleware("http")
+    async def measure(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", None) or (
+            "/mcp" if request.url.path.startswith("/mcp") else "other"
+        )
+        latency.labels(request.method, path).observe(time.perf_counter() - start)
+        requests.labels(request.method, path, str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def main() -> None:
+    """Run api_service with settings from the environment (MEMORY_*, DATABASE_URL)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m api_service",
+        description=(
+            "Serve the conversation memory API: REST under /api/v1 and MCP at /mcp. Settings "
+            "come from the environment: MEMORY_HOST, MEMORY_PORT, DATABASE_URL (unset: an "
+            "embedded PostgreSQL under MEMORY_DATA_DIR), MEMORY_EMBED_ADDRESS, "
+            "MEMORY_INDEX_SHARDS (comma-separated host:port), MEMORY_APPEND_INDEX_WAIT_SECONDS, "
+            "MEMORY_LOG_LEVEL."
+        ),
+    )
+    parser.add_argument("--host", help="bind address (default MEMORY_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default MEMORY_PORT or 8080)")
+    args = parser.parse_args()
+    settings = ApiSettings()
+    if args.host:
+        settings.host = args.host
+    if args.port:
+        settings.port = args.port
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    uvicorn.run(
+        create_app(settings), host=settings.host, port=settings.port,
+        log_level=settings.log_level.lower(), access_log=False,
+    )

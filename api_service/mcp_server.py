@@ -1,0 +1,170 @@
+"""MCP adapter: the six tools over the memory core, served with Streamable HTTP at /mcp.
+
+A tool returns its response object as structured content and as JSON text; a failure returns
+`{"error": "<text>"}` the same way with isError set.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
+from pydantic import Field, ValidationError
+
+from api_service.auth import Principal
+from api_service.core.errors import Unauthorized, classify
+from api_service.core.inputs import MessageInput
+from api_service.core.memory import MemoryService
+
+
+def result(payload: dict[str, Any], *, error: bool = False) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
+        structured_content=payload,
+        is_error=error,
+    )
+
+
+def error_result(message: str) -> CallToolResult:
+    return result({"error": message}, error=True)
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "arguments"
+        parts.append(f"{where}: {err['msg']}")
+    return "Invalid arguments: " + "; ".join(parts)
+
+
+class MemoryMCP(MCPServer[Any]):
+    """MCPServer whose tool failures all take the `{"error": ...}` shape."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                return error_result(_describe(cause))
+            if cause is None:  # unknown tool and the like: the SDK's text is for the caller
+                return error_result(str(exc))
+            return error_result(classify(cause).message)
+
+
+def _caller(ctx: Context[Any, Any]) -> Principal:
+    request = ctx.request_context.request
+    principal = None if request is None else request.scope.get("state", {}).get("principal")
+    if not isinstance(principal, Principal):
+        raise Unauthorized("Unauthorized")  # unreachable behind the auth middleware
+    return principal
+
+
+def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
+    """The MCP server with the six memory tools; `memory_of` gives the started core."""
+    server = MemoryMCP(
+        "conversation-memory",
+        instructions=(
+            "Long-term memory of conversations. Store turns with append_messages, find them "
+            "again by meaning with search, and fetch full messages with get_conversation."
+        ),
+    )
+
+    async def run(call: Awaitable[dict[str, Any]]) -> CallToolResult:
+        return result(await call)  # failures are shaped once, in MemoryMCP.call_tool
+
+    @server.tool()
+    async def create_conversation(
+        ctx: Context[Any, Any],
+        title: Annotated[str | None, Field(description="Title")] = None,
+        agent_id: Annotated[str | None, Field(description="Owning agent identifier")] = None,
+        tags: Annotated[list[str] | None, Field(description="Tags")] = None,
+        metadata: Annotated[dict[str, Any] | None, Field(description="Key-value metadata")] = None,
+    ) -> CallToolResult:
+        """Create a conversation; returns {conversation_id}."""
+        return await run(memory_of().create_conversation(
+            _caller(ctx), title=title, agent_id=agent_id, tags=tags, metadata=metadata
+        ))
+
+    @server.tool()
+    async def append_messages(
+        ctx: Context[Any, Any],
+        conversation_id: Annotated[str, Field(description="Target conversation")],
+        messages: Annotated[list[MessageInput], Field(min_length=1, description="At least 1")],
+    ) -> CallToolResult:
+        """Append messages in order; returns {appended, message_ids}."""
+        async def call() -> dict[str, Any]:
+            out = await memory_of().append_messages(
+                _caller(ctx), conversation_id, [m.to_new() for m in messages]
+            )
+            return {"appended": out["appended"], "message_ids": out["message_ids"]}
+
+        return await run(call())
+
+    @server.tool()
+    async def search(
+        ctx: Context[Any, Any],
+        query: Annotated[str, Field(description="Natural-language query")],
+        limit: Annotated[int, Field(ge=1, le=50, description="Max results, 1 to 50")] = 5,
+        conversation_id: Annotated[
+            str | None, Field(description="Restrict to one conversation")
+        ] = None,
+        tags: Annotated[list[str] | None, Field(description="Filter by conversation tags")] = None,
+        snippet_chars: Annotated[
+            int, Field(ge=15, le=5000, description="Max characters of chunk_text, at most 5000")
+        ] = 1500,
+    ) -> CallToolResult:
+        """Find chunks of stored conversations by meaning, ranked by cosine similarity;
+        returns {results, total}. Fetch full messages with get_conversation using
+        message_offset = start_sequence - 1."""
+        return await run(memory_of().search(
+            _caller(ctx), query, limit=limit, conversation_id=conversation_id, tags=tags,
+            snippet_chars=snippet_chars,
+        ))
+
+    @server.tool()
+    async def get_conversation(
+        ctx: Context[Any, Any],
+        conversation_id: Annotated[str, Field(description="Conversation to fetch")],
+        message_limit: Annotated[int, Field(ge=1, le=500, description="Max messages")] = 100,
+        message_offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
+    ) -> CallToolResult:
+        """Fetch a conversation and its messages in sequence order."""
+        return await run(memory_of().get_conversation(
+            _caller(ctx), conversation_id, message_limit=message_limit,
+            message_offset=message_offset,
+        ))
+
+    @server.tool()
+    async def list_conversations(
+        ctx: Context[Any, Any],
+        limit: Annotated[int, Field(ge=1, le=100, description="Max conversations")] = 20,
+        offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
+        agent_id: Annotated[str | None, Field(description="Filter by agent")] = None,
+        tags: Annotated[list[str] | None, Field(description="Filter by tags (all)")] = None,
+        sort: Annotated[
+            Literal["created_at", "updated_at", "message_count"], Field(description="Sort key")
+        ] = "updated_at",
+        order: Annotated[Literal["asc", "desc"], Field(description="Sort order")] = "desc",
+    ) -> CallToolResult:
+        """List the organization's conversations; returns {conversations, total}."""
+        return await run(memory_of().list_conversations(
+            _caller(ctx), limit=limit, offset=offset, agent_id=agent_id, tags=tags, sort=sort,
+            order=order,
+        ))
+
+    @server.tool()
+    async def delete_conversation(
+        ctx: Context[Any, Any],
+        conversation_id: Annotated[str, Field(description="Conversation to delete")],
+    ) -> CallToolResult:
+        """Permanently delete a conversation, its messages, chunks and vectors."""
+        return await run(memory_of().delete_conversation(_caller(ctx), conversation_id))
+
+    return server

@@ -1,0 +1,1 @@
+"""REST adapter: /api/v1 routes over the memory core."""

@@ -1,0 +1,66 @@
+"""api_service settings, read from the environment (prefix MEMORY_) in main() only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Limits(BaseModel):
+    """Size limits on stored input (DESIGN.md defaults)."""
+
+    content_chars: int = 100_000
+    messages_per_append: int = 500
+    title_chars: int = 512
+    agent_id_chars: int = 256
+    tags: int = 32
+    tag_chars: int = 64
+    metadata_bytes: int = 16 * 1024
+    tool_field_chars: int = 256
+    query_chars: int = 4_000
+    body_bytes: int = 4 * 1024 * 1024
+
+
+class ApiSettings(BaseSettings):
+    """Settings of the api_service process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MEMORY_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("MEMORY_DATABASE_URL", "DATABASE_URL")
+    )
+    data_dir: Path = Path("var")
+    db_pool_min: int = 2
+    db_pool_max: int = 20
+    embed_address: str = "127.0.0.1:50051"
+    # Comma-separated host:port list; each org goes to one shard by rendezvous hashing.
+    index_shards: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1:50061"]
+    )
+    grpc_timeout_seconds: float = 10.0
+    # How long an append waits for its own chunks to be indexed before answering anyway.
+    append_index_wait_seconds: float = 10.0
+    indexer_enabled: bool = True
+    indexer_batch_size: int = 64
+    cors_origins: list[str] = Field(default_factory=list)
+    log_level: str = "INFO"
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("index_shards", mode="before")
+    @classmethod
+    def _split_shards(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
+        return value
+
+    @property
+    def embedded_pg_dir(self) -> Path:
+        return self.data_dir / "postgres"

@@ -1,0 +1,23 @@
+"""Connection pool set-up."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for type_name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            type_name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+
+
+async def create_pool(database_url: str, min_size: int = 2, max_size: int = 20) -> asyncpg.Pool:
+    """A pool whose connections decode json/jsonb to Python objects."""
+    pool = await asyncpg.create_pool(
+        database_url, min_size=min_size, max_size=max_size, init=_init_connection
+    )
+    assert pool is not None
+    return pool

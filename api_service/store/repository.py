@@ -1,0 +1,319 @@
+"""Tenant data access: plain SQL with $n parameters; every query is scoped by org_id."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import asyncpg
+
+from api_service.store.records import ChunkRow, Conversation, Message, NewMessage
+
+SortKey = Literal["created_at", "updated_at", "message_count"]
+Order = Literal["asc", "desc"]
+
+_CONVERSATION_COLUMNS = (
+    "org_id, conversation_id, title, agent_id, tags, metadata, message_count, "
+    "created_at, updated_at"
+)
+_MESSAGE_COLUMNS = (
+    "conversation_id, message_id, sequence, role, content, tool_call_id, tool_name, metadata, "
+    "created_at"
+)
+
+
+def _conversation(row: asyncpg.Record) -> Conversation:
+    return Conversation(**dict(row))
+
+
+def _message(row: asyncpg.Record) -> Message:
+    return Message(**dict(row))
+
+
+async def insert_conversation(
+    conn: asyncpg.Connection,
+    org_id: str,
+    conversation_id: str,
+    *,
+    title: str | None,
+    agent_id: str | None,
+    tags: list[str],
+    metadata: dict[str, Any],
+    storage_bytes: int,
+) -> None:
+    await conn.execute(
+        """INSERT INTO conversations
+               (org_id, conversation_id, title, agent_id, tags, metadata, storage_bytes)
+           VALUES ($1, $2, $3, $4, $5, $6, $7)""",
+        org_id, conversation_id, title, agent_id, tags, metadata, storage_bytes,
+    )
+
+
+async def default_conversation_id(
+    conn: asyncpg.Connection, org_id: str, new_id: str, storage_bytes: int
+) -> str:
+    """The org's default memory, created on first use."""
+    await conn.execute(
+        """INSERT INTO conversations
+               (org_id, conversation_id, title, metadata, is_default, storage_bytes)
+           VALUES ($1, $2, 'Default memory', '{"default": true}'::jsonb, true, $3)
+           ON CONFLICT (org_id) WHERE is_default DO NOTHING""",
+        org_id, new_id, storage_bytes,
+    )
+    found: str = await conn.fetchval(
+        "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
+    )
+    return found
+
+
+async def get_conversation(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str
+) -> Conversation | None:
+    row = await conn.fetchrow(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
+        "WHERE org_id = $1 AND conversation_id = $2",
+        org_id, conversation_id,
+    )
+    return None if row is None else _conversation(row)
+
+
+async def list_conversations(
+    conn: asyncpg.Connection,
+    org_id: str,
+    *,
+    limit: int,
+    offset: int,
+    agent_id: str | None,
+    tags: list[str] | None,
+    sort: SortKey,
+    order: Order,
+) -> tuple[list[Conversation], int]:
+    """A page of conversations and the total that match the filters."""
+    # sort and order are validated literals, never caller text, so they may be formatted in.
+    direction = "ASC" if order == "asc" else "DESC"
+    where = "org_id = $1 AND ($2::text IS NULL OR agent_id = $2) AND tags @> $3::text[]"
+    args: list[Any] = [org_id, agent_id, tags or []]
+    rows = await conn.fetch(
+        f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE {where} "
+        f"ORDER BY {sort} {direction}, conversation_id {direction} LIMIT $4 OFFSET $5",
+        *args, limit, offset,
+    )
+    total: int = await conn.fetchval(f"SELECT count(*) FROM conversations WHERE {where}", *args)
+    return [_conversation(r) for r in rows], total
+
+
+async def delete_conversation(conn: asyncpg.Connection, org_id: str, conversation_id: str) -> bool:
+    """Delete the conversation; messages and chunks go with it (ON DELETE CASCADE)."""
+    deleted = await conn.fetchval(
+        "DELETE FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
+        "RETURNING conversation_id",
+        org_id, conversation_id,
+    )
+    return deleted is not None
+
+
+async def reserve_sequences(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, count: int, storage_bytes: int
+) -> int | None:
+    """Take the conversation's row lock and `count` sequence numbers; return the new count.
+
+    Concurrent appends to one conversation queue on the row lock, so sequences stay gapless.
+    """
+    new_count: int | None = await conn.fetchval(
+        """UPDATE conversations
+              SET message_count = message_count + $3,
+                  storage_bytes = storage_bytes + $4,
+                  updated_at = now()
+            WHERE org_id = $1 AND conversation_id = $2
+        RETURNING message_count""",
+        org_id, conversation_id, count, storage_bytes,
+    )
+    return new_count
+
+
+async def insert_messages(
+    conn: asyncpg.Connection,
+    org_id: str,
+    conversation_id: str,
+    first_sequence: int,
+    message_ids: Sequence[str],
+    messages: Sequence[NewMessage],
+) -> None:
+    await conn.execute(
+        """INSERT INTO messages (org_id, conversation_id, sequence, message_id, role, content,
+                                 tool_call_id, tool_name, metadata)
+           SELECT $1, $2, $3 + i - 1, m.message_id, m.role, m.content, m.tool_call_id,
+                  m.tool_name, m.metadata::jsonb
+             FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+                  WITH ORDINALITY
+                  AS m(message_id, role, content, tool_call_id, tool_name, metadata, i)""",
+        org_id, conversation_id, first_sequence,
+        list(message_ids),
+        [m.role for m in messages],
+        [m.content for m in messages],
+        [m.tool_call_id for m in messages],
+        [m.tool_name for m in messages],
+        [None if m.metadata is None else json.dumps(m.metadata) for m in messages],
+    )
+
+
+async def get_messages(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, *, limit: int, offset: int
+) -> list[Message]:
+    rows = await conn.fetch(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE org_id = $1 AND conversation_id = $2 "
+        "ORDER BY sequence LIMIT $3 OFFSET $4",
+        org_id, conversation_id, limit, offset,
+    )
+    return [_message(r) for r in rows]
+
+
+async def message_lines(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, first: int, last: int
+) -> dict[int, tuple[str, str]]:
+    """sequence -> (role, content) for sequences in [first, last]."""
+    rows = await conn.fetch(
+        "SELECT sequence, role, content FROM messages "
+        "WHERE org_id = $1 AND conversation_id = $2 AND sequence BETWEEN $3 AND $4",
+        org_id, conversation_id, first, last,
+    )
+    return {r["sequence"]: (r["role"], r["content"]) for r in rows}
+
+
+async def lock_conversation(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str
+) -> int | None:
+    """Lock the conversation row (serializing with appends); return its message count."""
+    count: int | None = await conn.fetchval(
+        "SELECT message_count FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
+        "FOR UPDATE",
+        org_id, conversation_id,
+    )
+    return count
+
+
+async def replace_message_content(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, message_id: str, content: str
+) -> tuple[Message, int] | None:
+    """Replace a message's content; return the updated message and the change in bytes."""
+    row = await conn.fetchrow(
+        f"""WITH old AS (
+                SELECT sequence, octet_length(content) AS old_bytes FROM messages
+                 WHERE org_id = $1 AND conversation_id = $2 AND message_id = $3)
+            UPDATE messages m SET content = $4
+              FROM old
+             WHERE m.org_id = $1 AND m.conversation_id = $2 AND m.sequence = old.sequence
+         RETURNING {", ".join("m." + c.strip() for c in _MESSAGE_COLUMNS.split(","))},
+                   octet_length($4) - old.old_bytes AS delta""",
+        org_id, conversation_id, message_id, content,
+    )
+    if row is None:
+        return None
+    values = dict(row)
+    delta: int = values.pop("delta")
+    return Message(**values), delta
+
+
+async def touch_conversation(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, storage_delta: int
+) -> None:
+    await conn.execute(
+        "UPDATE conversations SET updated_at = now(), storage_bytes = storage_bytes + $3 "
+        "WHERE org_id = $1 AND conversation_id = $2",
+        org_id, conversation_id, storage_delta,
+    )
+
+
+async def upsert_chunks(
+    conn: asyncpg.Connection, org_id: str, conversation_id: str, chunks: Sequence[ChunkRow]
+) -> None:
+    """Insert or rebuild windows; a rebuilt window drops its stale embedding."""
+    await conn.execute(
+        """INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, end_sequence,
+                               text)
+           SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text
+             FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
+                  AS c(start_sequence, chunk_id, end_sequence, text)
+           ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+              SET end_sequence = excluded.end_sequence, text = excluded.text,
+                  version = chunks.version + 1, embedding = NULL, updated_at = now()""",
+        org_id, conversation_id,
+        [c.start_sequence for c in chunks],
+        [c.chunk_id for c in chunks],
+        [c.end_sequence for c in chunks],
+        [c.text for c in chunks],
+    )
+
+
+async def enqueue_index_job(
+    conn: asyncpg.Connection,
+    org_id: str,
+    kind: Literal["upsert", "delete"],
+    conversation_id: str,
+    chunk_ids: Sequence[str] = (),
+) -> int:
+    job_id: int = await conn.fetchval(
+        "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
+        "VALUES ($1, $2, $3, $4) RETURNING job_id",
+        org_id, kind, conversation_id, list(chunk_ids),
+    )
+    return job_id
+
+
+async def conversation_ids_matching(
+    conn: asyncpg.Connection,
+    org_id: str,
+    *,
+    conversation_id: str | None,
+    tags: list[str] | None,
+    project: str | None,
+) -> list[str]:
+    """Ids of the org's conversations that pass every given filter."""
+    rows = await conn.fetch(
+        """SELECT conversation_id FROM conversations
+            WHERE org_id = $1
+              AND ($2::text IS NULL OR conversation_id = $2)
+              AND tags @> $3::text[]
+              AND ($4::text IS NULL OR metadata ->> 'project' = $4)""",
+        org_id, conversation_id, tags or [], project,
+    )
+    return [r["conversation_id"] for r in rows]
+
+
+async def chunks_by_id(
+    conn: asyncpg.Connection, org_id: str, chunk_ids: Sequence[str]
+) -> dict[str, ChunkRow]:
+    rows = await conn.fetch(
+        "SELECT chunk_id, conversation_id, start_sequence, end_sequence, text FROM chunks "
+        "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
+        org_id, list(chunk_ids),
+    )
+    return {r["chunk_id"]: ChunkRow(**dict(r)) for r in rows}
+
+
+async def lexical_search(
+    conn: asyncpg.Connection,
+    org_id: str,
+    query: str,
+    limit: int,
+    conversation_ids: Sequence[str] | None,
+) -> list[ChunkRow]:
+    """Chunks ranked by PostgreSQL full-text relevance to `query` (any of its words).
+
+    The query's words are stemmed as the chunks were ('english'), then OR-ed, so a chunk that
+    shares any keyword is a candidate; ts_rank_cd orders them.
+    """
+    rows = await conn.fetch(
+        """WITH q AS (
+               SELECT to_tsquery('simple', string_agg(quote_literal(lexeme), ' | ')) AS tsq
+                 FROM unnest(to_tsvector('english', $2)) AS t(lexeme, positions, weights))
+           SELECT c.chunk_id, c.conversation_id, c.start_sequence, c.end_sequence, c.text
+             FROM chunks c, q
+            WHERE c.org_id = $1 AND q.tsq IS NOT NULL AND c.text_search @@ q.tsq
+              AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
+            ORDER BY ts_rank_cd(c.text_search, q.tsq) DESC, c.chunk_id
+            LIMIT $3""",
+        org_id, query, limit, None if conversation_ids is None else list(conversation_ids),
+    )
+    return [ChunkRow(**dict(r)) for r in rows]
