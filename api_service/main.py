@@ -114,10 +114,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
     for router in (conversations.router, messages.router, search.router):
         app.include_router(router, prefix=API_PREFIX)
     _add_operations(app, runtime)
-    _add_metrics(app, runtime.registry)
     app.add_middleware(
         GuardMiddleware, pool_of=runtime.require_pool, max_body_bytes=settings.limits.body_bytes
     )
+    _add_metrics(app, runtime.registry)  # added last: outermost, so refusals are counted too
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -17,7 +17,7 @@ class MessageInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Role = Field(description="user, assistant, system or tool")
-    content: str = Field(description="Message content, stored verbatim (known secrets redacted)")
+    content: str = Field(description="Message content, stored verbatim")
     tool_call_id: str | None = Field(default=None, description="Tool call this message answers")
     tool_name: str | None = Field(default=None, description="Name of the tool called")
     metadata: dict[str, Any] | None = Field(default=None, description="Key-value metadata")

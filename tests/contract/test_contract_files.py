@@ -1,0 +1,81 @@
+"""The committed contracts match the code: OpenAPI document, MCP tool list, gRPC stubs, schema."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from api_service.contract import (
+    MCP_TOOLS_FILE,
+    OPENAPI_FILE,
+    dumps,
+    live_mcp_tools,
+    live_openapi,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+REGENERATE = "run: python -m api_service.contract"
+
+
+def test_openapi_document_is_current() -> None:
+    assert OPENAPI_FILE.read_text() == dumps(live_openapi()), REGENERATE
+
+
+async def test_mcp_tool_list_is_current() -> None:
+    assert MCP_TOOLS_FILE.read_text() == dumps(await live_mcp_tools()), REGENERATE
+
+
+async def test_the_six_tools_take_the_contract_parameters() -> None:
+    tools = {t["name"]: t["inputSchema"] for t in await live_mcp_tools()}
+    expected = {
+        "create_conversation": ({"title", "agent_id", "tags", "metadata"}, set()),
+        "append_messages": ({"conversation_id", "messages"}, {"conversation_id", "messages"}),
+        "search": (
+            {"query", "limit", "conversation_id", "tags", "snippet_chars"}, {"query"}
+        ),
+        "get_conversation": (
+            {"conversation_id", "message_limit", "message_offset"}, {"conversation_id"}
+        ),
+        "list_conversations": ({"limit", "offset", "agent_id", "tags", "sort", "order"}, set()),
+        "delete_conversation": ({"conversation_id"}, {"conversation_id"}),
+    }
+    assert set(tools) == set(expected)
+    for name, (params, required) in expected.items():
+        assert set(tools[name]["properties"]) == params, name
+        assert set(tools[name].get("required", [])) == required, name
+    search = tools["search"]["properties"]
+    assert (search["limit"]["default"], search["limit"]["minimum"], search["limit"]["maximum"]) \
+        == (5, 1, 50)
+    assert (search["snippet_chars"]["default"], search["snippet_chars"]["maximum"]) == (1500, 5000)
+    listing = tools["list_conversations"]["properties"]
+    assert listing["sort"]["default"] == "updated_at" and listing["order"]["default"] == "desc"
+    assert (listing["limit"]["default"], listing["limit"]["maximum"]) == (20, 100)
+    get = tools["get_conversation"]["properties"]
+    assert (get["message_limit"]["default"], get["message_limit"]["maximum"]) == (100, 500)
+
+
+def test_openapi_has_the_seven_operations() -> None:
+    paths = live_openapi()["paths"]
+    operations = {(method.upper(), path) for path, ops in paths.items() for method in ops}
+    assert operations == {
+        ("POST", "/api/v1/conversations"),
+        ("GET", "/api/v1/conversations"),
+        ("GET", "/api/v1/conversations/{conversation_id}"),
+        ("DELETE", "/api/v1/conversations/{conversation_id}"),
+        ("POST", "/api/v1/messages"),
+        ("PATCH", "/api/v1/conversations/{conversation_id}/messages/{message_id}"),
+        ("GET", "/api/v1/search"),
+    }
+
+
+def test_generated_grpc_code_is_current(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "proto" / "generate.py"), "--out", str(tmp_path)],
+        check=True, capture_output=True,
+    )
+    committed = ROOT / "memory_proto"
+    generated = sorted(p.name for p in tmp_path.iterdir())
+    assert generated == sorted(p.name for p in committed.iterdir() if p.is_file()), \
+        "run: python proto/generate.py"
+    for name in generated:
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), \
+            f"memory_proto/{name} is stale; run: python proto/generate.py"

@@ -1,0 +1,169 @@
+"""The dynamic batcher with a fake model: admission, cancellation, failures, batch shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+import pytest
+
+from embed_service.batcher import Batcher, BatchLimits, plan_batches
+from embed_service.errors import BatchFailed, NotReady, Overloaded
+from tests.embed.fakes import FakeEmbedder
+
+
+@pytest.fixture
+async def fake() -> FakeEmbedder:
+    return FakeEmbedder(asyncio.get_running_loop())
+
+
+def _limits(**overrides: int) -> BatchLimits:
+    values = {
+        "max_queued_texts": 100,
+        "batch_max_texts": 64,
+        "batch_token_budget": 10_000,
+        "batches_in_flight": 1,
+        "tokenizer_threads": 1,
+    }
+    values.update(overrides)
+    return BatchLimits(**values)
+
+
+@pytest.fixture
+async def make_batcher(fake: FakeEmbedder) -> AsyncIterator[Callable[..., Batcher]]:
+    made: list[Batcher] = []
+
+    def make(**overrides: int) -> Batcher:
+        batcher = Batcher(fake, _limits(**overrides))
+        batcher.start()
+        made.append(batcher)
+        return batcher
+
+    yield make
+    fake.gate.set()
+    for batcher in made:
+        await batcher.close()
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    """Yield to the event loop until `predicate` holds: a state change, not a timer."""
+    for _ in range(10_000):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+async def _block_model(fake: FakeEmbedder, batcher: Batcher) -> asyncio.Task[object]:
+    """Start a one-text call and return once the model is busy with it behind a closed gate."""
+    fake.gate.clear()
+    fake.entered.clear()
+    task = asyncio.create_task(batcher.embed(["blocker"]))
+    await fake.entered.wait()
+    return task
+
+
+async def test_vectors_come_back_in_request_order(make_batcher: Callable[..., Batcher]) -> None:
+    batcher = make_batcher()
+    texts = ["ccc", "a", "bbbbb", "dd"]
+    vectors = await batcher.embed(texts)
+    assert vectors[:, 0].tolist() == [3, 1, 5, 2]
+    assert vectors[:, 1].tolist() == [ord("c"), ord("a"), ord("b"), ord("d")]
+
+
+async def test_overload_is_refused_and_capacity_returns(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    batcher = make_batcher(max_queued_texts=3)
+    blocker = await _block_model(fake, batcher)
+    waiting = asyncio.create_task(batcher.embed(["x", "y"]))
+    await _until(lambda: batcher.queued_texts == 3)
+    with pytest.raises(Overloaded):
+        await batcher.embed(["z"])
+    fake.gate.set()
+    await blocker
+    await waiting
+    assert batcher.queued_texts == 0
+    assert (await batcher.embed(["a", "b", "c"])).shape == (3, 4)
+    assert "z" not in fake.seen()
+
+
+async def test_cancelled_caller_is_skipped(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    batcher = make_batcher()
+    blocker = await _block_model(fake, batcher)
+    gone = asyncio.create_task(batcher.embed(["gone"]))
+    stays = asyncio.create_task(batcher.embed(["stays"]))
+    await _until(lambda: batcher.waiting_texts == 2)
+    gone.cancel()
+    fake.gate.set()
+    await blocker
+    assert (await stays)[0, 0] == len("stays")
+    assert gone.cancelled()
+    assert "gone" not in fake.seen()
+    assert batcher.queued_texts == 0
+
+
+async def test_failed_batch_fails_every_waiter_and_worker_lives(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    batcher = make_batcher()
+    blocker = await _block_model(fake, batcher)
+    poisoned = asyncio.create_task(batcher.embed(["fine", "bad!"]))
+    neighbour = asyncio.create_task(batcher.embed(["neighbour"]))
+    await _until(lambda: batcher.waiting_texts == 3)
+    fake.gate.set()
+    await blocker
+    results = await asyncio.gather(poisoned, neighbour, return_exceptions=True)
+    assert all(isinstance(r, BatchFailed) for r in results)
+    assert sorted(fake.batches[-1]) == ["bad!", "fine", "neighbour"]
+    assert batcher.alive
+    after = await batcher.embed(["after"])
+    assert after[0, 0] == len("after")
+
+
+async def test_batches_are_sorted_by_length_under_the_token_budget(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    batcher = make_batcher(batch_token_budget=12, batch_max_texts=3)
+    blocker = await _block_model(fake, batcher)
+    texts = ["aaaaa", "b", "ccc", "dd", "eeee", "f"]
+    call = asyncio.create_task(batcher.embed(texts))
+    await _until(lambda: batcher.waiting_texts == len(texts))
+    fake.gate.set()
+    await blocker
+    vectors = await call
+    assert vectors[:, 0].tolist() == [5, 1, 3, 2, 4, 1]
+    # Padded cost = texts x longest <= 12, at most 3 texts, shortest first.
+    assert fake.batches[1:] == [["b", "f", "dd"], ["ccc", "eeee"], ["aaaaa"]]
+
+
+async def test_close_fails_waiting_callers_and_refuses_new_ones(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    batcher = make_batcher()
+    blocker = await _block_model(fake, batcher)
+    waiting = asyncio.create_task(batcher.embed(["late"]))
+    await _until(lambda: batcher.waiting_texts == 1)
+    closing = asyncio.create_task(batcher.close())
+    await _until(lambda: not batcher.alive)
+    with pytest.raises(NotReady):
+        await batcher.embed(["new"])
+    fake.gate.set()
+    await closing
+    assert isinstance(blocker.exception() or await blocker, np.ndarray)
+    with pytest.raises(NotReady):
+        await waiting
+
+
+def test_plan_batches_respects_both_limits() -> None:
+    assert [list(r) for r in plan_batches([1, 1, 2, 2, 3, 9], 3, 8)] == [
+        [0, 1, 2],
+        [3, 4],
+        [5],
+    ]
+    # A text longer than the budget still gets a batch of its own.
+    assert [list(r) for r in plan_batches([20], 4, 8)] == [[0]]
+    assert list(plan_batches([], 4, 8)) == []

@@ -1,0 +1,86 @@
+"""OrgIndex without gRPC: approximate recall, exact filters, rebuild replay."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from index_service.org_index import OrgIndex
+from tests.index.helpers import DIM, clustered
+
+
+def _exact(vectors: np.ndarray, query: np.ndarray, k: int) -> list[int]:
+    scores = vectors @ query
+    return [int(i) for i in np.argsort(-scores, kind="stable")[:k]]
+
+
+def _org(n: int, threshold: int, seed: int = 1) -> tuple[OrgIndex, np.ndarray]:
+    vectors = clustered(n, seed)
+    org = OrgIndex.from_rows(
+        [f"c{i}" for i in range(n)],
+        [f"conv{i % 40}" for i in range(n)],
+        vectors,
+        flat_threshold=threshold,
+        target_recall=0.97,
+    )
+    return org, vectors
+
+
+def test_ivf_recall_at_10_against_exact() -> None:
+    org, vectors = _org(12_000, threshold=1000)
+    assert org.kind == "ivf"
+    queries = clustered(100, seed=99)
+    found = 0
+    for q in queries:
+        got = {h.chunk_id for h in org.search(q[None, :], 10, [])}
+        found += len(got & {f"c{i}" for i in _exact(vectors, q, 10)})
+    assert found / 1000 >= 0.95
+
+
+def test_filter_is_exact_in_ivf_mode() -> None:
+    org, vectors = _org(12_000, threshold=1000)
+    query = clustered(1, seed=5)[0]
+    # The conversation whose chunks rank lowest for this query.
+    ranks = np.argsort(vectors @ query)
+    worst = f"conv{int(ranks[0]) % 40}"
+    members = [i for i in range(len(vectors)) if f"conv{i % 40}" == worst]
+    hits = org.search(query[None, :], 25, [worst])
+    assert len(hits) == 25
+    assert all(h.conversation_id == worst for h in hits)
+    expected = sorted(members, key=lambda i: -float(vectors[i] @ query))[:25]
+    assert [h.chunk_id for h in hits] == [f"c{i}" for i in expected]
+
+
+def test_changes_during_a_rebuild_are_replayed() -> None:
+    org, vectors = _org(3000, threshold=1000)
+    snapshot = org.begin_rebuild()
+    store = org.build(snapshot)
+    fresh = clustered(1, seed=42)[0]
+    org.upsert(["new"], ["convN"], fresh[None, :])
+    org.upsert(["c5"], ["conv5"], fresh[None, :] * -1)
+    org.delete(["c7"], [])
+    org.finish_rebuild(store)
+    assert org.size == 3000
+    assert org.search(fresh[None, :], 1, [])[0].chunk_id == "new"
+    assert "c7" not in {h.chunk_id for h in org.search(vectors[7][None, :], 5, [])}
+    assert "c5" not in {h.chunk_id for h in org.search(vectors[5][None, :], 5, [])}
+
+
+def test_repeated_chunk_ids_keep_the_last_vector() -> None:
+    vectors = clustered(3, seed=3)
+    org = OrgIndex.from_rows(
+        ["a", "a", "b"], ["x", "y", "x"], vectors, flat_threshold=10, target_recall=0.97
+    )
+    assert org.size == 2
+    hit = org.search(vectors[1][None, :], 1, [])[0]
+    assert (hit.chunk_id, hit.conversation_id) == ("a", "y")
+    assert [h.chunk_id for h in org.search(vectors[1][None, :], 5, ["x"])] == ["b"]
+
+
+def test_shrinking_below_half_the_threshold_wants_a_flat_index() -> None:
+    org, _ = _org(1500, threshold=1000)
+    assert org.kind == "ivf" and not org.needs_rebuild()
+    org.delete([f"c{i}" for i in range(1100)], [])
+    assert org.needs_rebuild()
+    org.finish_rebuild(org.build(org.begin_rebuild()))
+    assert org.kind == "flat" and org.size == 400
+    assert org.search(np.ones((1, DIM), np.float32) / np.sqrt(DIM), 500, []).__len__() == 400
