@@ -17,6 +17,7 @@ import asyncpg
 from api_service.core.errors import Forbidden, InvalidInput, Unauthorized
 from api_service.core.ids import new_id
 from api_service.store import admin
+from api_service.store.db import Conn
 from api_service.store.records import ApiKey
 
 Scope = Literal["read", "write"]
@@ -50,7 +51,7 @@ def parse_scopes(text: str) -> list[str]:
 
 
 async def issue_key(
-    conn: asyncpg.Connection, org_id: str, scopes: list[str], expires_in_days: float | None
+    conn: Conn, org_id: str, scopes: list[str], expires_in_days: float | None
 ) -> tuple[str, ApiKey]:
     """Create a key; return the secret (shown once, never stored) and its record."""
     secret = KEY_PREFIX + secrets.token_urlsafe(32)

@@ -23,7 +23,7 @@ from api_service.core.errors import ServiceError
 from api_service.core.ids import new_id
 from api_service.settings import ApiSettings
 from api_service.store import admin
-from api_service.store.db import create_pool
+from api_service.store.db import Conn, create_pool
 from api_service.store.embedded import start_embedded
 from api_service.store.migrate import migrate_url
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
@@ -48,7 +48,7 @@ def database(settings: ApiSettings) -> Iterator[str]:
         server.cleanup()
 
 
-async def _with_conn(url: str, work: Callable[[asyncpg.Connection], Any]) -> Any:
+async def _with_conn(url: str, work: Callable[[Conn], Any]) -> Any:
     await migrate_url(url)
     pool = await create_pool(url, 1, 2)
     try:
@@ -58,7 +58,7 @@ async def _with_conn(url: str, work: Callable[[asyncpg.Connection], Any]) -> Any
         await pool.close()
 
 
-async def _org(conn: asyncpg.Connection, name: str) -> str:
+async def _org(conn: Conn, name: str) -> str:
     org = await admin.org_by_name(conn, name)
     if org is None:
         raise CliError(f"no organization named {name!r}; create it with: memctl org create {name}")
@@ -72,7 +72,7 @@ def cmd_migrate(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_org_create(settings: ApiSettings, args: argparse.Namespace) -> None:
-    async def work(conn: asyncpg.Connection) -> None:
+    async def work(conn: Conn) -> None:
         if await admin.org_by_name(conn, args.name) is not None:
             raise CliError(f"organization {args.name!r} already exists")
         org = await admin.create_org(conn, new_id("org"), args.name, None)
@@ -83,7 +83,7 @@ def cmd_org_create(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_key_create(settings: ApiSettings, args: argparse.Namespace) -> None:
-    async def work(conn: asyncpg.Connection) -> None:
+    async def work(conn: Conn) -> None:
         org_id = await _org(conn, args.org)
         secret, key = await auth.issue_key(
             conn, org_id, auth.parse_scopes(args.scopes), args.expires_in
@@ -97,7 +97,7 @@ def cmd_key_create(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_key_revoke(settings: ApiSettings, args: argparse.Namespace) -> None:
-    async def work(conn: asyncpg.Connection) -> None:
+    async def work(conn: Conn) -> None:
         key = await admin.revoke_key(conn, args.key_id)
         if key is None:
             raise CliError(f"no key with id {args.key_id!r}; see: memctl key list --org NAME")
@@ -108,13 +108,16 @@ def cmd_key_revoke(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_key_list(settings: ApiSettings, args: argparse.Namespace) -> None:
-    async def work(conn: asyncpg.Connection) -> None:
+    async def work(conn: Conn) -> None:
         keys = await admin.list_keys(conn, await _org(conn, args.org))
         print(f"{'KEY ID':<22} {'PREFIX':<12} {'SCOPES':<11} {'EXPIRES':<26} STATUS")
         now = time.time()
         for k in keys:
-            status = "revoked" if k.revoked_at else (
-                "expired" if k.expires_at and k.expires_at.timestamp() <= now else "active")
+            status = (
+                "revoked"
+                if k.revoked_at
+                else ("expired" if k.expires_at and k.expires_at.timestamp() <= now else "active")
+            )
             expires = k.expires_at.isoformat(timespec="seconds") if k.expires_at else "never"
             print(f"{k.key_id:<22} {k.prefix:<12} {','.join(k.scopes):<11} {expires:<26} {status}")
 
@@ -125,27 +128,35 @@ def cmd_key_list(settings: ApiSettings, args: argparse.Namespace) -> None:
 # --- memctl up ---------------------------------------------------------------------------
 
 
-async def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
+def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
     """The dev org's read+write key: created on first start, kept in `key_file` (mode 600)."""
+    kept = key_file.read_text().strip() if key_file.exists() else None
 
-    async def work(conn: asyncpg.Connection) -> tuple[str, bool]:
+    async def work(conn: Conn) -> str | None:
         org = await admin.org_by_name(conn, DEV_ORG)
-        if org is not None and key_file.exists():
-            return key_file.read_text().strip(), False
-        org_id = org.org_id if org else (await admin.create_org(conn, new_id("org"), DEV_ORG,
-                                                                None)).org_id
+        if org is not None and kept:
+            return None
+        org_id = (
+            org.org_id
+            if org
+            else (await admin.create_org(conn, new_id("org"), DEV_ORG, None)).org_id
+        )
         secret, _ = await auth.issue_key(conn, org_id, ["read", "write"], None)
-        key_file.parent.mkdir(parents=True, exist_ok=True)
-        key_file.touch(mode=0o600)
-        key_file.write_text(secret + "\n")
-        return secret, True
+        return secret
 
-    result: tuple[str, bool] = await _with_conn(url, work)
-    return result
+    secret: str | None = asyncio.run(_with_conn(url, work))
+    if secret is None:
+        assert kept is not None
+        return kept, False
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.touch(mode=0o600)
+    key_file.write_text(secret + "\n")
+    return secret, True
 
 
-def _wait_ready(name: str, check: Callable[[], bool], procs: list[subprocess.Popen[bytes]],
-                timeout: float) -> None:
+def _wait_ready(
+    name: str, check: Callable[[], bool], procs: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     print(f"  waiting for {name} ", end="", flush=True)
     while time.monotonic() < deadline:
@@ -166,11 +177,14 @@ def _grpc_ready(address: str, kind: str) -> Callable[[], bool]:
         with grpc.insecure_channel(address) as channel:
             if kind == "embed":
                 reply: Any = embed_pb2_grpc.EmbedServiceStub(channel).Health(
-                    embed_pb2.HealthRequest(), timeout=2)
+                    embed_pb2.HealthRequest(), timeout=2
+                )
             else:
                 reply = index_pb2_grpc.IndexServiceStub(channel).Health(
-                    index_pb2.IndexHealthRequest(), timeout=2)
+                    index_pb2.IndexHealthRequest(), timeout=2
+                )
             return bool(reply.ready)
+
     return check
 
 
@@ -180,6 +194,7 @@ def _http_ready(url: str) -> Callable[[], bool]:
     def check() -> bool:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback URL)
             return bool(response.status == 200)
+
     return check
 
 
@@ -190,26 +205,35 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
     base_url = f"http://127.0.0.1:{args.port}"
     print(f"memctl up: data in {data_dir}")
     with database(settings) as url:
-        key, created = asyncio.run(_dev_key(url, data_dir / "dev-api-key"))
+        key, created = _dev_key(url, data_dir / "dev-api-key")
         env = {
             **os.environ,
             "DATABASE_URL": url,
-            "EMBED_HOST": "127.0.0.1", "EMBED_PORT": str(args.embed_port),
+            "EMBED_HOST": "127.0.0.1",
+            "EMBED_PORT": str(args.embed_port),
             "EMBED_BACKEND": args.embedder,
             "EMBED_MODEL_CACHE_DIR": str(data_dir / "models"),
-            "INDEX_HOST": "127.0.0.1", "INDEX_PORT": str(args.index_port),
-            "INDEX_SHARDS": index_address, "INDEX_SHARD_NAME": index_address,
-            "MEMORY_HOST": "127.0.0.1", "MEMORY_PORT": str(args.port),
-            "MEMORY_EMBED_ADDRESS": embed_address, "MEMORY_INDEX_SHARDS": index_address,
+            "INDEX_HOST": "127.0.0.1",
+            "INDEX_PORT": str(args.index_port),
+            "INDEX_SHARDS": index_address,
+            "INDEX_SHARD_NAME": index_address,
+            "MEMORY_HOST": "127.0.0.1",
+            "MEMORY_PORT": str(args.port),
+            "MEMORY_EMBED_ADDRESS": embed_address,
+            "MEMORY_INDEX_SHARDS": index_address,
             "MEMORY_DATA_DIR": str(data_dir),
         }
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for module in ("embed_service", "index_service"):
                 print(f"  starting {module}")
-                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))
-            _wait_ready("embed_service (loads the model)", _grpc_ready(embed_address, "embed"),
-                        procs, args.timeout)
+                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))  # noqa: S603
+            _wait_ready(
+                "embed_service (loads the model)",
+                _grpc_ready(embed_address, "embed"),
+                procs,
+                args.timeout,
+            )
             _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
             print("  starting api_service")
             procs.append(subprocess.Popen([sys.executable, "-m", "api_service"], env=env))
@@ -222,12 +246,18 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def _print_welcome(base_url: str, key: str, created: bool, data_dir: Path) -> None:
-    snippet = {"mcpServers": {"memory": {
-        "type": "http", "url": f"{base_url}/mcp",
-        "headers": {"Authorization": f"Bearer {key}"},
-    }}}
+    snippet = {
+        "mcpServers": {
+            "memory": {
+                "type": "http",
+                "url": f"{base_url}/mcp",
+                "headers": {"Authorization": f"Bearer {key}"},
+            }
+        }
+    }
     origin = "created for org 'dev'" if created else f"org 'dev', kept in {data_dir}/dev-api-key"
-    print(f"""
+    print(
+        f"""
 The conversation memory service is up.
   REST:    {base_url}/api/v1
   MCP:     {base_url}/mcp
@@ -240,7 +270,9 @@ Try it:
 MCP client configuration:
 {json.dumps(snippet, indent=2)}
 
-Press Ctrl-C to stop.""", flush=True)
+Press Ctrl-C to stop.""",
+        flush=True,
+    )
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -291,30 +323,42 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--embed-port", type=int, default=50051, help="embed_service gRPC port")
     up.add_argument("--index-port", type=int, default=50061, help="index_service gRPC port")
-    up.add_argument("--embedder", choices=["transformer", "hashing"], default="transformer",
-                    help="embedding backend: the real model (default) or the small "
-                         "deterministic one for trying things out quickly")
-    up.add_argument("--timeout", type=float, default=600.0,
-                    help="seconds to wait for each service to become ready")
+    up.add_argument(
+        "--embedder",
+        choices=["transformer", "hashing"],
+        default="transformer",
+        help="embedding backend: the real model (default) or the small "
+        "deterministic one for trying things out quickly",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for each service to become ready",
+    )
     up.set_defaults(run=cmd_up)
 
     mig = sub.add_parser("migrate", help="apply pending schema migrations")
     mig.set_defaults(run=cmd_migrate)
 
     org = sub.add_parser("org", help="manage organizations").add_subparsers(
-        dest="org_command", required=True, metavar="ACTION")
+        dest="org_command", required=True, metavar="ACTION"
+    )
     org_create = org.add_parser("create", help="create an organization")
     org_create.add_argument("name", help="unique organization name")
     org_create.set_defaults(run=cmd_org_create)
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(
-        dest="key_command", required=True, metavar="ACTION")
+        dest="key_command", required=True, metavar="ACTION"
+    )
     key_create = key.add_parser("create", help="create a key (printed once)")
     key_create.add_argument("--org", required=True, help="organization name")
-    key_create.add_argument("--scopes", default="read,write",
-                            help="comma-separated: read, write (default read,write)")
-    key_create.add_argument("--expires-in", type=float, metavar="DAYS",
-                            help="expire after DAYS days (default: never)")
+    key_create.add_argument(
+        "--scopes", default="read,write", help="comma-separated: read, write (default read,write)"
+    )
+    key_create.add_argument(
+        "--expires-in", type=float, metavar="DAYS", help="expire after DAYS days (default: never)"
+    )
     key_create.set_defaults(run=cmd_key_create)
     key_revoke = key.add_parser("revoke", help="revoke a key by its id")
     key_revoke.add_argument("key_id", help="key id, as shown by 'memctl key list'")

@@ -30,7 +30,9 @@ class EmbedClient:
     def __init__(self, address: str, timeout: float) -> None:
         self.address = address
         self._channel = _channel(address)
-        self._stub = embed_pb2_grpc.EmbedServiceStub(self._channel)
+        self._stub: embed_pb2_grpc.EmbedServiceAsyncStub = embed_pb2_grpc.EmbedServiceStub(
+            self._channel
+        )
         self._timeout = timeout
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
@@ -58,22 +60,22 @@ class IndexRouter:
         self.shards = list(shards)
         self._epoch = routing_epoch(self.shards)
         self._channels = {address: _channel(address) for address in self.shards}
-        self._stubs = {
+        self._stubs: dict[str, index_pb2_grpc.IndexServiceAsyncStub] = {
             address: index_pb2_grpc.IndexServiceStub(channel)
             for address, channel in self._channels.items()
         }
         self._timeout = timeout
 
-    def _stub(self, org_id: str) -> index_pb2_grpc.IndexServiceStub:
+    def _stub(self, org_id: str) -> index_pb2_grpc.IndexServiceAsyncStub:
         return self._stubs[shard_for(org_id, self.shards)]
 
-    async def upsert(
-        self, org_id: str, items: Sequence[tuple[str, str, bytes]], dim: int
-    ) -> None:
+    async def upsert(self, org_id: str, items: Sequence[tuple[str, str, bytes]], dim: int) -> None:
         """Insert or replace (chunk_id, conversation_id, float32 bytes) items."""
         await self._stub(org_id).Upsert(
             index_pb2.UpsertRequest(
-                org_id=org_id, dim=dim, routing_epoch=self._epoch,
+                org_id=org_id,
+                dim=dim,
+                routing_epoch=self._epoch,
                 items=[
                     index_pb2.VectorItem(chunk_id=c, conversation_id=v, vector=b)
                     for c, v, b in items
@@ -95,8 +97,12 @@ class IndexRouter:
     ) -> list[tuple[str, float]]:
         reply = await self._stub(org_id).Search(
             index_pb2.SearchRequest(
-                org_id=org_id, query=query.astype("<f4").tobytes(), dim=query.shape[-1], k=k,
-                conversation_ids=list(conversation_ids or ()), routing_epoch=self._epoch,
+                org_id=org_id,
+                query=query.astype("<f4").tobytes(),
+                dim=query.shape[-1],
+                k=k,
+                conversation_ids=list(conversation_ids or ()),
+                routing_epoch=self._epoch,
             ),
             timeout=self._timeout,
         )

@@ -121,7 +121,8 @@ class Indexer:
                 WHERE job_id IN (SELECT job_id FROM index_outbox WHERE run_after <= now()
                                   ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED)
             RETURNING job_id, org_id, kind, conversation_id, chunk_ids, attempts""",
-            self._batch_size, LEASE_SECONDS,
+            self._batch_size,
+            LEASE_SECONDS,
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
@@ -129,10 +130,11 @@ class Indexer:
         pending = await self._pool.fetch(
             "SELECT chunk_id, version, text FROM chunks "
             "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NULL",
-            job.org_id, job.chunk_ids,
+            job.org_id,
+            job.chunk_ids,
         )
         for start in range(0, len(pending), self._batch_size):
-            batch = pending[start:start + self._batch_size]
+            batch = pending[start : start + self._batch_size]
             vectors = await self._embedder.embed([r["text"] for r in batch])
             # Only the version that was embedded is written: a newer text keeps NULL.
             await self._pool.executemany(
@@ -147,7 +149,8 @@ class Indexer:
         ready = await self._pool.fetch(
             "SELECT chunk_id, conversation_id, embedding FROM chunks "
             "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NOT NULL",
-            job.org_id, job.chunk_ids,
+            job.org_id,
+            job.chunk_ids,
         )
         if ready:
             dim = len(ready[0]["embedding"]) // 4
@@ -162,7 +165,8 @@ class Indexer:
         """A delete that committed while this job ran must win over its upsert."""
         exists = await self._pool.fetchval(
             "SELECT 1 FROM conversations WHERE org_id = $1 AND conversation_id = $2",
-            job.org_id, job.conversation_id,
+            job.org_id,
+            job.conversation_id,
         )
         if exists is None:
             await self._index.delete_conversation(job.org_id, job.conversation_id)
@@ -171,11 +175,16 @@ class Indexer:
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(job.attempts, 10))
         log.warning(
             "indexer: job %d (%s) failed on attempt %d: %s; retrying in %.1fs",
-            job.job_id, job.kind, job.attempts, type(exc).__name__, delay,
+            job.job_id,
+            job.kind,
+            job.attempts,
+            type(exc).__name__,
+            delay,
         )
         await self._pool.execute(
             "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2), "
             "last_error = $3 WHERE job_id = $1",
-            job.job_id, delay, f"{type(exc).__name__}: {exc}"[:500],
+            job.job_id,
+            delay,
+            f"{type(exc).__name__}: {exc}"[:500],
         )
-

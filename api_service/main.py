@@ -14,8 +14,13 @@ import asyncpg
 import uvicorn
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
@@ -91,8 +96,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
             runtime.pool, runtime.embedder, runtime.index = pool, embedder, index
             runtime.indexer = indexer if settings.indexer_enabled else None
             runtime.memory = MemoryService(
-                pool, settings.limits, GrpcSemanticIndex(embedder, index),
-                runtime.indexer, settings.append_index_wait_seconds,
+                pool,
+                settings.limits,
+                GrpcSemanticIndex(embedder, index),
+                runtime.indexer,
+                settings.append_index_wait_seconds,
             )
             app.state.memory = runtime.memory
             try:
@@ -122,8 +130,10 @@ def create_app(settings: ApiSettings) -> FastAPI:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins,
-            allow_headers=["Authorization", "Content-Type"], allow_methods=["*"],
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_headers=["Authorization", "Content-Type"],
+            allow_methods=["*"],
         )
     app.mount("/", mcp_app)  # last: serves /mcp; every other path is matched above first
     return app
@@ -160,7 +170,9 @@ def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
         "memory_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
     )
     latency = Histogram(
-        "memory_http_request_seconds", "HTTP request latency", ["method", "route"],
+        "memory_http_request_seconds",
+        "HTTP request latency",
+        ["method", "route"],
         registry=registry,
     )
 
@@ -203,8 +215,13 @@ def main() -> None:
         settings.host = args.host
     if args.port:
         settings.port = args.port
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port,
-        log_level=settings.log_level.lower(), access_log=False,
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
     )

@@ -88,9 +88,11 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         metadata: Annotated[dict[str, Any] | None, Field(description="Key-value metadata")] = None,
     ) -> CallToolResult:
         """Create a conversation; returns {conversation_id}."""
-        return await run(memory_of().create_conversation(
-            _caller(ctx), title=title, agent_id=agent_id, tags=tags, metadata=metadata
-        ))
+        return await run(
+            memory_of().create_conversation(
+                _caller(ctx), title=title, agent_id=agent_id, tags=tags, metadata=metadata
+            )
+        )
 
     @server.tool()
     async def append_messages(
@@ -99,6 +101,7 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         messages: Annotated[list[MessageInput], Field(min_length=1, description="At least 1")],
     ) -> CallToolResult:
         """Append messages in order; returns {appended, message_ids}."""
+
         async def call() -> dict[str, Any]:
             out = await memory_of().append_messages(
                 _caller(ctx), conversation_id, [m.to_new() for m in messages]
@@ -123,10 +126,16 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         """Find chunks of stored conversations by meaning, ranked by cosine similarity;
         returns {results, total}. Fetch full messages with get_conversation using
         message_offset = start_sequence - 1."""
-        return await run(memory_of().search(
-            _caller(ctx), query, limit=limit, conversation_id=conversation_id, tags=tags,
-            snippet_chars=snippet_chars,
-        ))
+        return await run(
+            memory_of().search(
+                _caller(ctx),
+                query,
+                limit=limit,
+                conversation_id=conversation_id,
+                tags=tags,
+                snippet_chars=snippet_chars,
+            )
+        )
 
     @server.tool()
     async def get_conversation(
@@ -136,10 +145,14 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         message_offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
     ) -> CallToolResult:
         """Fetch a conversation and its messages in sequence order."""
-        return await run(memory_of().get_conversation(
-            _caller(ctx), conversation_id, message_limit=message_limit,
-            message_offset=message_offset,
-        ))
+        return await run(
+            memory_of().get_conversation(
+                _caller(ctx),
+                conversation_id,
+                message_limit=message_limit,
+                message_offset=message_offset,
+            )
+        )
 
     @server.tool()
     async def list_conversations(
@@ -154,10 +167,17 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         order: Annotated[Literal["asc", "desc"], Field(description="Sort order")] = "desc",
     ) -> CallToolResult:
         """List the organization's conversations; returns {conversations, total}."""
-        return await run(memory_of().list_conversations(
-            _caller(ctx), limit=limit, offset=offset, agent_id=agent_id, tags=tags, sort=sort,
-            order=order,
-        ))
+        return await run(
+            memory_of().list_conversations(
+                _caller(ctx),
+                limit=limit,
+                offset=offset,
+                agent_id=agent_id,
+                tags=tags,
+                sort=sort,
+                order=order,
+            )
+        )
 
     @server.tool()
     async def delete_conversation(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, BaseModel, Field, field_validator

@@ -63,4 +63,3 @@ async def database_url(pg_server_url: str, template_db: str) -> AsyncIterator[st
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
-

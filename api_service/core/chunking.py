@@ -1,4 +1,4 @@
-"""Windows of WINDOW messages with stride STRIDE: window k covers [1 + STRIDE*k, WINDOW + STRIDE*k]."""
+"""Chunk windows: WINDOW messages, stride STRIDE; window k covers [1 + 3k, 5 + 3k]."""
 
 from __future__ import annotations
 

@@ -78,13 +78,18 @@ def classify(exc: BaseException) -> ServiceError:
     if isinstance(exc, ServiceError):
         return exc
     if isinstance(
-        exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError
-        | asyncpg.CannotConnectNowError | asyncpg.TooManyConnectionsError
+        exc,
+        OSError
+        | asyncpg.PostgresConnectionError
+        | asyncpg.InterfaceError
+        | asyncpg.CannotConnectNowError
+        | asyncpg.TooManyConnectionsError,
     ):
         log.warning("database unavailable: %s", type(exc).__name__)
         return Unavailable("The database is unavailable; retry shortly")
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
     ):
         log.warning("search backend unavailable: %s", exc.code().name)

@@ -15,6 +15,7 @@ from api_service.core.ids import chunk_id, new_id
 from api_service.core.ports import IndexWaiter, SemanticIndex
 from api_service.settings import Limits
 from api_service.store import repository as repo
+from api_service.store.db import Conn
 from api_service.store.records import ChunkRow, NewMessage
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,13 @@ class MemoryService:
         conversation_id = new_id("conv")
         async with self._pool.acquire() as conn:
             await repo.insert_conversation(
-                conn, who.org_id, conversation_id,
-                title=title, agent_id=agent_id, tags=clean_tags, metadata=metadata or {},
+                conn,
+                who.org_id,
+                conversation_id,
+                title=title,
+                agent_id=agent_id,
+                tags=clean_tags,
+                metadata=metadata or {},
                 storage_bytes=validation.stored_bytes(title, agent_id, metadata),
             )
         return {"conversation_id": conversation_id}
@@ -89,8 +95,9 @@ class MemoryService:
                 raise conversation_not_found()
             first = count - len(items) + 1
             await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
-            job_id = await self._rebuild_windows(conn, who.org_id, conversation_id, first, count,
-                                                 count)
+            job_id = await self._rebuild_windows(
+                conn, who.org_id, conversation_id, first, count, count
+            )
         await self._await_indexing([job_id])
         return {
             "appended": len(items),
@@ -160,8 +167,14 @@ class MemoryService:
         clean_tags = validation.tags("tags", tags, self._limits)
         async with self._pool.acquire() as conn:
             rows, total = await repo.list_conversations(
-                conn, who.org_id, limit=limit, offset=offset, agent_id=agent_id,
-                tags=clean_tags, sort=sort, order=order,
+                conn,
+                who.org_id,
+                limit=limit,
+                offset=offset,
+                agent_id=agent_id,
+                tags=clean_tags,
+                sort=sort,
+                order=order,
             )
         return {"conversations": [views.conversation_summary(c) for c in rows], "total": total}
 
@@ -201,12 +214,16 @@ class MemoryService:
         allowed: list[str] | None = None
         async with self._pool.acquire() as conn:
             if conversation_id is not None or clean_tags or project is not None:
-                if conversation_id is not None and await repo.get_conversation(
-                    conn, who.org_id, conversation_id
-                ) is None:
+                if (
+                    conversation_id is not None
+                    and await repo.get_conversation(conn, who.org_id, conversation_id) is None
+                ):
                     raise conversation_not_found()
                 allowed = await repo.conversation_ids_matching(
-                    conn, who.org_id, conversation_id=conversation_id, tags=clean_tags,
+                    conn,
+                    who.org_id,
+                    conversation_id=conversation_id,
+                    tags=clean_tags,
                     project=project,
                 )
                 if not allowed:
@@ -226,7 +243,7 @@ class MemoryService:
 
     async def _rebuild_windows(
         self,
-        conn: asyncpg.Connection,
+        conn: Conn,
         org_id: str,
         conversation_id: str,
         first: int,
@@ -241,13 +258,15 @@ class MemoryService:
         chunks = []
         for start in starts:
             end = chunking.window_end(start, count)
-            chunks.append(ChunkRow(
-                chunk_id=chunk_id(conversation_id, start),
-                conversation_id=conversation_id,
-                start_sequence=start,
-                end_sequence=end,
-                text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
-            ))
+            chunks.append(
+                ChunkRow(
+                    chunk_id=chunk_id(conversation_id, start),
+                    conversation_id=conversation_id,
+                    start_sequence=start,
+                    end_sequence=end,
+                    text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
+                )
+            )
         await repo.upsert_chunks(conn, org_id, conversation_id, chunks)
         return await repo.enqueue_index_job(
             conn, org_id, "upsert", conversation_id, [c.chunk_id for c in chunks]
@@ -259,8 +278,9 @@ class MemoryService:
         self._indexer.notify()
         if self._append_wait > 0 and not await self._indexer.wait_done(job_ids, self._append_wait):
             # Committed all the same; the indexer finishes the job later.
-            log.warning("indexing not done within %.1fs; continuing in the background",
-                        self._append_wait)
+            log.warning(
+                "indexing not done within %.1fs; continuing in the background", self._append_wait
+            )
 
 
 def _bounds(name: str, value: int, low: int, high: int | None) -> None:

@@ -1,4 +1,4 @@
-"""What the memory core needs from the outside, as protocols (gRPC in production, fakes in tests)."""
+"""What the memory core needs from outside, as protocols (gRPC in production, fakes in tests)."""
 
 from __future__ import annotations
 

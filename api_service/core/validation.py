@@ -16,7 +16,7 @@ _TAG = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
 def text(name: str, value: str | None, max_chars: int, *, required: bool = False) -> str | None:
-    """A string no longer than `max_chars`, free of NUL characters (PostgreSQL cannot store them)."""
+    """A string of at most `max_chars`, without NUL characters (PostgreSQL cannot store them)."""
     if value is None:
         if required:
             raise InvalidInput(f"{name} is required")

@@ -41,7 +41,12 @@ async def list_conversations(
     order: Literal["asc", "desc"] = "desc",
 ) -> dict[str, Any]:
     return await memory.list_conversations(
-        who, limit=limit, offset=offset, agent_id=agent_id, tags=split_tags(tags), sort=sort,
+        who,
+        limit=limit,
+        offset=offset,
+        agent_id=agent_id,
+        tags=split_tags(tags),
+        sort=sort,
         order=order,
     )
 
@@ -64,9 +69,7 @@ async def delete_conversation(conversation_id: str, who: Caller, memory: Memory)
     return await memory.delete_conversation(who, conversation_id)
 
 
-@router.patch(
-    "/{conversation_id}/messages/{message_id}", response_model=schemas.MessageUpdated
-)
+@router.patch("/{conversation_id}/messages/{message_id}", response_model=schemas.MessageUpdated)
 async def update_message(
     conversation_id: str,
     message_id: str,

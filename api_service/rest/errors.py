@@ -64,7 +64,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return JSONResponse(
-            {"error": str(exc.detail), "code": code}, status_code=exc.status_code,
+            {"error": str(exc.detail), "code": code},
+            status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 

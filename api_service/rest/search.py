@@ -28,6 +28,12 @@ async def search(
     snippet_chars: Annotated[int, Query(ge=15, le=5000)] = 1500,
 ) -> dict[str, Any]:
     return await memory.search(
-        who, q, limit=limit, conversation_id=conversation_id, tags=split_tags(tags),
-        project=project, snippet_chars=snippet_chars, hybrid=True,
+        who,
+        q,
+        limit=limit,
+        conversation_id=conversation_id,
+        tags=split_tags(tags),
+        project=project,
+        snippet_chars=snippet_chars,
+        hybrid=True,
     )

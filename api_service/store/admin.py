@@ -6,22 +6,25 @@ from datetime import datetime
 
 import asyncpg
 
+from api_service.store.db import Conn
 from api_service.store.records import ApiKey, Org
 
 _KEY_COLUMNS = "org_id, key_id, prefix, scopes, created_at, expires_at, revoked_at"
 
 
-async def create_org(conn: asyncpg.Connection, org_id: str, name: str, plan: str | None) -> Org:
+async def create_org(conn: Conn, org_id: str, name: str, plan: str | None) -> Org:
     row = await conn.fetchrow(
         "INSERT INTO orgs (org_id, name, plan) VALUES ($1, $2, $3) "
         "RETURNING org_id, name, plan, created_at",
-        org_id, name, plan,
+        org_id,
+        name,
+        plan,
     )
     assert row is not None
     return Org(**dict(row))
 
 
-async def org_by_name(conn: asyncpg.Connection, name: str) -> Org | None:
+async def org_by_name(conn: Conn, name: str) -> Org | None:
     row = await conn.fetchrow(
         "SELECT org_id, name, plan, created_at FROM orgs WHERE name = $1", name
     )
@@ -29,7 +32,7 @@ async def org_by_name(conn: asyncpg.Connection, name: str) -> Org | None:
 
 
 async def insert_key(
-    conn: asyncpg.Connection,
+    conn: Conn,
     *,
     org_id: str,
     key_id: str,
@@ -41,15 +44,18 @@ async def insert_key(
     row = await conn.fetchrow(
         f"""INSERT INTO api_keys (org_id, key_id, key_hash, prefix, scopes, expires_at)
             VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_KEY_COLUMNS}""",
-        org_id, key_id, key_hash, prefix, scopes, expires_at,
+        org_id,
+        key_id,
+        key_hash,
+        prefix,
+        scopes,
+        expires_at,
     )
     assert row is not None
     return ApiKey(**dict(row))
 
 
-async def key_by_hash(conn: asyncpg.Connection | asyncpg.Pool, key_hash: bytes) -> (
-    tuple[ApiKey, bytes] | None
-):
+async def key_by_hash(conn: Conn | asyncpg.Pool, key_hash: bytes) -> tuple[ApiKey, bytes] | None:
     """The key with this sha256 digest, and the stored digest for a constant-time check."""
     row = await conn.fetchrow(
         f"SELECT {_KEY_COLUMNS}, key_hash FROM api_keys WHERE key_hash = $1", key_hash
@@ -61,7 +67,7 @@ async def key_by_hash(conn: asyncpg.Connection | asyncpg.Pool, key_hash: bytes) 
     return ApiKey(**values), stored
 
 
-async def revoke_key(conn: asyncpg.Connection, key_id: str) -> ApiKey | None:
+async def revoke_key(conn: Conn, key_id: str) -> ApiKey | None:
     row = await conn.fetchrow(
         f"""UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
              WHERE key_id = $1 RETURNING {_KEY_COLUMNS}""",
@@ -70,7 +76,7 @@ async def revoke_key(conn: asyncpg.Connection, key_id: str) -> ApiKey | None:
     return None if row is None else ApiKey(**dict(row))
 
 
-async def list_keys(conn: asyncpg.Connection, org_id: str) -> list[ApiKey]:
+async def list_keys(conn: Conn, org_id: str) -> list[ApiKey]:
     rows = await conn.fetch(
         f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE org_id = $1 ORDER BY created_at, key_id",
         org_id,

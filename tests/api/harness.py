@@ -61,7 +61,8 @@ class Service:
         try:
             await conn.execute(
                 "UPDATE api_keys SET expires_at = $2 WHERE key_hash = $1",
-                auth.hash_key(secret), datetime.now(UTC) - timedelta(seconds=1),
+                auth.hash_key(secret),
+                datetime.now(UTC) - timedelta(seconds=1),
             )
         finally:
             await conn.close()

@@ -20,19 +20,36 @@ async def _create(http, **body) -> str:  # type: ignore[no-untyped-def]
 
 async def test_create_append_get(service: Service, key: str) -> None:
     async with service.rest(key) as http:
-        r = await http.post("/api/v1/conversations", json={
-            "title": "Trip", "agent_id": "agent-1", "tags": ["travel", "q3"],
-            "metadata": {"project": "alpha", "n": 1}})
+        r = await http.post(
+            "/api/v1/conversations",
+            json={
+                "title": "Trip",
+                "agent_id": "agent-1",
+                "tags": ["travel", "q3"],
+                "metadata": {"project": "alpha", "n": 1},
+            },
+        )
         assert r.status_code == 201
         assert set(r.json()) == {"conversation_id"}
         cid = r.json()["conversation_id"]
         assert cid.startswith("conv_")
 
-        r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-            {"role": "user", "content": "Book a flight to Lisbon"},
-            {"role": "assistant", "content": "Searching", "tool_call_id": "call_1",
-             "tool_name": "flights", "metadata": {"k": "v"}},
-        ]})
+        r = await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [
+                    {"role": "user", "content": "Book a flight to Lisbon"},
+                    {
+                        "role": "assistant",
+                        "content": "Searching",
+                        "tool_call_id": "call_1",
+                        "tool_name": "flights",
+                        "metadata": {"k": "v"},
+                    },
+                ],
+            },
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["appended"] == 2 and len(body["message_ids"]) == 2
@@ -58,16 +75,26 @@ async def test_create_append_get(service: Service, key: str) -> None:
 async def test_get_paginates_messages_in_sequence_order(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         cid = await _create(http)
-        await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-            {"role": "user", "content": f"m{i}"} for i in range(1, 13)]})
-        r = await http.get(f"/api/v1/conversations/{cid}",
-                           params={"message_limit": 5, "message_offset": 4})
+        await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [{"role": "user", "content": f"m{i}"} for i in range(1, 13)],
+            },
+        )
+        r = await http.get(
+            f"/api/v1/conversations/{cid}", params={"message_limit": 5, "message_offset": 4}
+        )
         assert [m["sequence"] for m in r.json()["messages"]] == [5, 6, 7, 8, 9]
-        assert [m["content"] for m in r.json()["messages"]][0] == "m5"
+        assert next(m["content"] for m in r.json()["messages"]) == "m5"
         r = await http.get(f"/api/v1/conversations/{cid}")
         assert len(r.json()["messages"]) == 12  # default limit 100
-        for params in ({"message_limit": 0}, {"message_limit": 501}, {"message_offset": -1},
-                       {"message_limit": "ten"}):
+        for params in (
+            {"message_limit": 0},
+            {"message_limit": 501},
+            {"message_offset": -1},
+            {"message_limit": "ten"},
+        ):
             r = await http.get(f"/api/v1/conversations/{cid}", params=params)
             assert r.status_code == 400, params
             assert set(r.json()) == {"error", "code"}
@@ -81,8 +108,10 @@ async def test_list_filters_sorts_orders_and_pages(service: Service, key: str) -
             [("a", ["x", "y"], 3), ("b", ["x"], 1), ("a", ["y"], 2), ("a", [], 5)]
         ):
             cid = await _create(http, title=f"c{i}", agent_id=agent, tags=tags)
-            await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-                {"role": "user", "content": "hi"}] * n})
+            await http.post(
+                "/api/v1/messages",
+                json={"conversation_id": cid, "messages": [{"role": "user", "content": "hi"}] * n},
+            )
             ids.append(cid)
 
         r = await http.get("/api/v1/conversations")
@@ -92,8 +121,9 @@ async def test_list_filters_sorts_orders_and_pages(service: Service, key: str) -
         summary = body["conversations"][0]
         assert set(summary) == {"id", "title", "agent_id", "tags", "message_count", "updated_at"}
 
-        r = await http.get("/api/v1/conversations", params={"sort": "message_count",
-                                                            "order": "asc"})
+        r = await http.get(
+            "/api/v1/conversations", params={"sort": "message_count", "order": "asc"}
+        )
         assert [c["message_count"] for c in r.json()["conversations"]] == [1, 2, 3, 5]
         r = await http.get("/api/v1/conversations", params={"sort": "created_at", "order": "asc"})
         assert [c["id"] for c in r.json()["conversations"]] == ids
@@ -103,12 +133,19 @@ async def test_list_filters_sorts_orders_and_pages(service: Service, key: str) -
         assert [c["id"] for c in r.json()["conversations"]] == [ids[0]]
         r = await http.get("/api/v1/conversations", params={"tags": "x", "agent_id": "b"})
         assert [c["id"] for c in r.json()["conversations"]] == [ids[1]]
-        r = await http.get("/api/v1/conversations", params={
-            "sort": "created_at", "order": "asc", "limit": 2, "offset": 1})
+        r = await http.get(
+            "/api/v1/conversations",
+            params={"sort": "created_at", "order": "asc", "limit": 2, "offset": 1},
+        )
         assert [c["id"] for c in r.json()["conversations"]] == ids[1:3]
         assert r.json()["total"] == 4
-        for params in ({"limit": 0}, {"limit": 101}, {"offset": -1}, {"sort": "title"},
-                       {"order": "up"}):
+        for params in (
+            {"limit": 0},
+            {"limit": 101},
+            {"offset": -1},
+            {"sort": "title"},
+            {"order": "up"},
+        ):
             r = await http.get("/api/v1/conversations", params=params)
             assert r.status_code == 400, params
             assert next(iter(params)) in r.json()["error"]
@@ -117,20 +154,26 @@ async def test_list_filters_sorts_orders_and_pages(service: Service, key: str) -
 async def test_delete_removes_everything(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         cid = await _create(http)
-        await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-            {"role": "user", "content": f"m{i}"} for i in range(7)]})
+        await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [{"role": "user", "content": f"m{i}"} for i in range(7)],
+            },
+        )
         r = await http.delete(f"/api/v1/conversations/{cid}")
         assert r.status_code == 200 and r.json() == {"deleted": True}
         r = await http.get(f"/api/v1/conversations/{cid}")
         assert r.status_code == 404 and r.json()["error"] == "Conversation not found"
         r = await http.delete(f"/api/v1/conversations/{cid}")
         assert r.status_code == 404 and r.json() == {
-            "error": "Conversation not found", "code": "not_found"}
+            "error": "Conversation not found",
+            "code": "not_found",
+        }
     conn = await asyncpg.connect(service.database_url)
     try:
         for table in ("conversations", "messages", "chunks"):
-            n = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE conversation_id = $1",
-                                    cid)
+            n = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE conversation_id = $1", cid)
             assert n == 0, table
     finally:
         await conn.close()
@@ -138,10 +181,12 @@ async def test_delete_removes_everything(service: Service, key: str) -> None:
 
 async def test_default_memory(service: Service, key: str) -> None:
     async with service.rest(key) as http:
-        r1 = await http.post("/api/v1/messages", json={"messages": [
-            {"role": "user", "content": "remember this"}]})
-        r2 = await http.post("/api/v1/messages", json={"messages": [
-            {"role": "user", "content": "and this"}]})
+        r1 = await http.post(
+            "/api/v1/messages", json={"messages": [{"role": "user", "content": "remember this"}]}
+        )
+        r2 = await http.post(
+            "/api/v1/messages", json={"messages": [{"role": "user", "content": "and this"}]}
+        )
         assert r1.status_code == r2.status_code == 200
         cid = r1.json()["conversation_id"]
         assert cid == r2.json()["conversation_id"]
@@ -154,10 +199,18 @@ async def test_default_memory(service: Service, key: str) -> None:
 async def test_patch_replaces_content_and_rebuilds_windows(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         cid = await _create(http)
-        ids = (await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-            {"role": "user", "content": f"m{i}"} for i in range(1, 8)]})).json()["message_ids"]
-        r = await http.patch(f"/api/v1/conversations/{cid}/messages/{ids[4]}",
-                             json={"content": "edited five"})
+        ids = (
+            await http.post(
+                "/api/v1/messages",
+                json={
+                    "conversation_id": cid,
+                    "messages": [{"role": "user", "content": f"m{i}"} for i in range(1, 8)],
+                },
+            )
+        ).json()["message_ids"]
+        r = await http.patch(
+            f"/api/v1/conversations/{cid}/messages/{ids[4]}", json={"content": "edited five"}
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["updated"] is True
@@ -165,18 +218,23 @@ async def test_patch_replaces_content_and_rebuilds_windows(service: Service, key
         assert body["message"]["content"] == "edited five"
         got = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"]
         assert got[4]["content"] == "edited five" and got[3]["content"] == "m4"
-        r = await http.patch(f"/api/v1/conversations/{cid}/messages/msg_nope",
-                             json={"content": "x"})
+        r = await http.patch(
+            f"/api/v1/conversations/{cid}/messages/msg_nope", json={"content": "x"}
+        )
         assert r.status_code == 404 and r.json()["error"] == "Message not found"
-        r = await http.patch(f"/api/v1/conversations/conv_nope/messages/{ids[0]}",
-                             json={"content": "x"})
+        r = await http.patch(
+            f"/api/v1/conversations/conv_nope/messages/{ids[0]}", json={"content": "x"}
+        )
         assert r.status_code == 404 and r.json()["error"] == "Conversation not found"
         r = await http.patch(f"/api/v1/conversations/{cid}/messages/{ids[0]}", json={})
         assert r.status_code == 400 and "content" in r.json()["error"]
     conn = await asyncpg.connect(service.database_url)
     try:
-        texts = dict(await conn.fetch(
-            "SELECT start_sequence, text FROM chunks WHERE conversation_id = $1", cid))
+        texts = dict(
+            await conn.fetch(
+                "SELECT start_sequence, text FROM chunks WHERE conversation_id = $1", cid
+            )
+        )
         assert "[user]: edited five" in texts[1] and "[user]: edited five" in texts[4]
         assert "edited" not in texts[7]
     finally:
@@ -195,12 +253,17 @@ async def test_patch_replaces_content_and_rebuilds_windows(service: Service, key
         ({"messages": [{"role": "user", "content": "a\u0000b"}]}, "NUL"),
         ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, "extra"),
         ({"messages": [{"role": "user", "content": "x"}] * 501}, "500"),
-        ({"messages": [{"role": "user", "content": "x", "metadata": {"k": "v" * 17_000}}]},
-         "metadata"),
+        (
+            {"messages": [{"role": "user", "content": "x", "metadata": {"k": "v" * 17_000}}]},
+            "metadata",
+        ),
     ],
 )
 async def test_bad_append_is_400_and_stores_nothing(
-    service: Service, key: str, body: dict, needle: str  # type: ignore[type-arg]
+    service: Service,
+    key: str,
+    body: dict,
+    needle: str,  # type: ignore[type-arg]
 ) -> None:
     async with service.rest(key) as http:
         cid = await _create(http)
@@ -226,7 +289,10 @@ async def test_bad_append_is_400_and_stores_nothing(
     ],
 )
 async def test_bad_create_is_400_and_stores_nothing(
-    service: Service, key: str, body: dict, needle: str  # type: ignore[type-arg]
+    service: Service,
+    key: str,
+    body: dict,
+    needle: str,  # type: ignore[type-arg]
 ) -> None:
     async with service.rest(key) as http:
         r = await http.post("/api/v1/conversations", json=body)
@@ -237,21 +303,33 @@ async def test_bad_create_is_400_and_stores_nothing(
 
 async def test_malformed_json_and_oversize_body(service: Service, key: str) -> None:
     async with service.rest(key) as http:
-        r = await http.post("/api/v1/conversations", content=b"{not json",
-                            headers={"Content-Type": "application/json"})
+        r = await http.post(
+            "/api/v1/conversations",
+            content=b"{not json",
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 400 and r.json() == {
-            "error": "Request body is not valid JSON", "code": "invalid_request"}
-        r = await http.post("/api/v1/messages", content=b"x" * (4 * 1024 * 1024 + 1),
-                            headers={"Content-Type": "application/json"})
+            "error": "Request body is not valid JSON",
+            "code": "invalid_request",
+        }
+        r = await http.post(
+            "/api/v1/messages",
+            content=b"x" * (4 * 1024 * 1024 + 1),
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
         assert (await http.get("/api/v1/conversations")).json()["total"] == 0
 
 
 async def test_search_validates_its_parameters(service: Service, key: str) -> None:
     async with service.rest(key) as http:
-        for params, needle in (({}, "q"), ({"q": ""}, "q"), ({"q": "x", "limit": 0}, "limit"),
-                               ({"q": "x", "limit": 51}, "limit"),
-                               ({"q": "x", "snippet_chars": 5001}, "snippet_chars")):
+        for params, needle in (
+            ({}, "q"),
+            ({"q": ""}, "q"),
+            ({"q": "x", "limit": 0}, "limit"),
+            ({"q": "x", "limit": 51}, "limit"),
+            ({"q": "x", "snippet_chars": 5001}, "snippet_chars"),
+        ):
             r = await http.get("/api/v1/search", params=params)
             assert r.status_code == 400 and needle in r.json()["error"], params
         r = await http.get("/api/v1/search", params={"q": "x", "conversation_id": "conv_nope"})

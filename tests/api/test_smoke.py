@@ -6,8 +6,13 @@ async def test_rest_and_mcp_round_trip(service: Service, key: str) -> None:
         r = await http.post("/api/v1/conversations", json={"title": "t", "tags": ["a"]})
         assert r.status_code == 201, r.text
         cid = r.json()["conversation_id"]
-        r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-            {"role": "user", "content": "my favourite colour is teal"}]})
+        r = await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [{"role": "user", "content": "my favourite colour is teal"}],
+            },
+        )
         assert r.status_code == 200, r.text
     async with service.mcp(key) as mcp:
         tools = await mcp.client.list_tools()

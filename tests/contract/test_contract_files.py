@@ -29,11 +29,10 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
     expected = {
         "create_conversation": ({"title", "agent_id", "tags", "metadata"}, set()),
         "append_messages": ({"conversation_id", "messages"}, {"conversation_id", "messages"}),
-        "search": (
-            {"query", "limit", "conversation_id", "tags", "snippet_chars"}, {"query"}
-        ),
+        "search": ({"query", "limit", "conversation_id", "tags", "snippet_chars"}, {"query"}),
         "get_conversation": (
-            {"conversation_id", "message_limit", "message_offset"}, {"conversation_id"}
+            {"conversation_id", "message_limit", "message_offset"},
+            {"conversation_id"},
         ),
         "list_conversations": ({"limit", "offset", "agent_id", "tags", "sort", "order"}, set()),
         "delete_conversation": ({"conversation_id"}, {"conversation_id"}),
@@ -43,8 +42,11 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
         assert set(tools[name]["properties"]) == params, name
         assert set(tools[name].get("required", [])) == required, name
     search = tools["search"]["properties"]
-    assert (search["limit"]["default"], search["limit"]["minimum"], search["limit"]["maximum"]) \
-        == (5, 1, 50)
+    assert (search["limit"]["default"], search["limit"]["minimum"], search["limit"]["maximum"]) == (
+        5,
+        1,
+        50,
+    )
     assert (search["snippet_chars"]["default"], search["snippet_chars"]["maximum"]) == (1500, 5000)
     listing = tools["list_conversations"]["properties"]
     assert listing["sort"]["default"] == "updated_at" and listing["order"]["default"] == "desc"
@@ -70,12 +72,15 @@ def test_openapi_has_the_seven_operations() -> None:
 def test_generated_grpc_code_is_current(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "proto" / "generate.py"), "--out", str(tmp_path)],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     committed = ROOT / "memory_proto"
     generated = sorted(p.name for p in tmp_path.iterdir())
-    assert generated == sorted(p.name for p in committed.iterdir() if p.is_file()), \
+    assert generated == sorted(p.name for p in committed.iterdir() if p.is_file()), (
         "run: python proto/generate.py"
+    )
     for name in generated:
-        assert (tmp_path / name).read_text() == (committed / name).read_text(), \
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), (
             f"memory_proto/{name} is stale; run: python proto/generate.py"
+        )
