@@ -24,8 +24,10 @@ from api_service.core.ids import new_id
 from api_service.main import create_app
 from api_service.settings import ApiSettings
 from api_service.store import admin
+from embed_service.main import EmbedServer
 from embed_service.main import start_server as start_embed
 from embed_service.settings import EmbedSettings
+from index_service.main import IndexServer
 from index_service.main import start_server as start_index
 from index_service.settings import IndexSettings
 
@@ -35,6 +37,24 @@ class Service:
     base_url: str
     database_url: str
     settings: ApiSettings
+    embed: EmbedServer
+    index: IndexServer
+
+    async def stop_embed(self) -> None:
+        await self.embed.stop(0)
+
+    async def start_embed(self) -> None:
+        """Start embed_service again on the address the API was given."""
+        port = int(self.settings.embed_address.rsplit(":", 1)[1])
+        self.embed = await start_embed(EmbedSettings(port=port, backend="hashing"))
+
+    async def outbox_size(self) -> int:
+        conn = await asyncpg.connect(self.database_url)
+        try:
+            count: int = await conn.fetchval("SELECT count(*) FROM index_outbox")
+            return count
+        finally:
+            await conn.close()
 
     async def org_with_key(
         self, scopes: tuple[str, ...] = ("read", "write"), expires_in_days: float | None = None
@@ -116,6 +136,7 @@ class McpCaller:
 
 @contextlib.asynccontextmanager
 async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[Service]:
+    service: Service | None = None
     embed = await start_embed(EmbedSettings(port=0, backend="hashing"))
     index = await start_index(IndexSettings(port=0, database_url=database_url))
     settings = ApiSettings(
@@ -135,9 +156,10 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
                 task.result()
             await asyncio.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
-        yield Service(f"http://127.0.0.1:{port}", database_url, settings)
+        service = Service(f"http://127.0.0.1:{port}", database_url, settings, embed, index)
+        yield service
     finally:
         server.should_exit = True
         await task
         await index.stop(0)
-        await embed.stop(0)
+        await (service.embed if service else embed).stop(0)

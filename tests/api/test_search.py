@@ -1,0 +1,137 @@
+"""Search over the real stack (hashing embedder): indexing on append, exact filters, clipping,
+PATCH and delete reflected, and appends that outlive an embed_service outage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from tests.api.harness import Service, running_service
+
+
+async def _conversation(http: httpx.AsyncClient, texts: list[str], **body: object) -> str:
+    cid = (await http.post("/api/v1/conversations", json=body)).json()["conversation_id"]
+    r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
+        {"role": "user", "content": t} for t in texts]})
+    assert r.status_code == 200, r.text
+    return str(cid)
+
+
+async def test_append_then_search_finds_it_on_both_interfaces(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        await _conversation(http, ["the weather in Oslo was cold and rainy"])
+        target = await _conversation(http, ["my passport number ends in 4471",
+                                            "renewal is due in June"])
+        found = await mcp.ok("search", query="when is my passport renewal due")
+        assert found["results"][0]["conversation_id"] == target
+        scores = [r["score"] for r in found["results"]]
+        assert scores == sorted(scores, reverse=True)
+        rest = (await http.get("/api/v1/search", params={"q": "passport renewal"})).json()
+        assert rest["results"][0]["conversation_id"] == target
+        assert rest["total"] == len(rest["results"])
+
+
+async def test_conversation_filter_returns_its_full_k(service: Service, key: str) -> None:
+    """A conversation whose chunks rank low for the query still fills the limit when it is the
+    filter: filters narrow the candidates before ranking."""
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        for _ in range(3):
+            await _conversation(http, [f"rocket engine thrust test {i}" for i in range(12)])
+        weak = await _conversation(http, [f"gardening note {i} about rocket salad" for i in
+                                          range(12)])
+        unfiltered = await mcp.ok("search", query="rocket engine thrust test", limit=4)
+        assert all(r["conversation_id"] != weak for r in unfiltered["results"])
+        filtered = await mcp.ok("search", query="rocket engine thrust test", limit=4,
+                                conversation_id=weak)
+        assert filtered["total"] == 4
+        assert {r["conversation_id"] for r in filtered["results"]} == {weak}
+
+
+async def test_tag_and_project_filters(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        a = await _conversation(http, ["invoice 88 was paid"], tags=["billing", "eu"],
+                                metadata={"project": "atlas"})
+        b = await _conversation(http, ["invoice 91 was paid"], tags=["billing"],
+                                metadata={"project": "zephyr"})
+        both = await mcp.ok("search", query="invoice paid", tags=["billing"])
+        assert {r["conversation_id"] for r in both["results"]} == {a, b}
+        only_a = await mcp.ok("search", query="invoice paid", tags=["billing", "eu"])
+        assert {r["conversation_id"] for r in only_a["results"]} == {a}
+        none = await mcp.ok("search", query="invoice paid", tags=["nothing-has-this"])
+        assert none == {"results": [], "total": 0}
+        by_project = (await http.get("/api/v1/search", params={
+            "q": "invoice paid", "project": "zephyr"})).json()
+        assert {r["conversation_id"] for r in by_project["results"]} == {b}
+        by_tags = (await http.get("/api/v1/search", params={
+            "q": "invoice paid", "tags": "billing,eu"})).json()
+        assert {r["conversation_id"] for r in by_tags["results"]} == {a}
+
+
+async def test_snippet_clipping(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = await _conversation(http, ["lighthouse " * 300])
+        full = (await mcp.ok("search", query="lighthouse", snippet_chars=5000))["results"][0]
+        assert full["chunk_text"] == "[user]: " + "lighthouse " * 300
+        clipped = (await mcp.ok("search", query="lighthouse", snippet_chars=100))["results"][0]
+        assert len(clipped["chunk_text"]) == 100
+        assert clipped["chunk_text"].endswith("...[truncated]")
+        assert clipped["chunk_text"].startswith("[user]: lighthouse")
+        default = (await http.get("/api/v1/search", params={"q": "lighthouse",
+                                                             "conversation_id": cid})).json()
+        assert len(default["results"][0]["chunk_text"]) == 1500
+
+
+async def test_windows_of_five_with_stride_three(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = await _conversation(http, [f"note{i}" for i in range(1, 8)])
+        hits = (await mcp.ok("search", query="note1 note4 note7", limit=10,
+                             conversation_id=cid))["results"]
+        spans = sorted((h["start_sequence"], h["end_sequence"]) for h in hits)
+        assert spans == [(1, 5), (4, 7), (7, 7)]
+        first = next(h for h in hits if h["start_sequence"] == 1)
+        assert first["chunk_text"] == "\n".join(f"[user]: note{i}" for i in range(1, 6))
+
+
+async def test_patch_and_delete_are_reflected(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = await _conversation(http, ["the spare key is under the blue flowerpot"])
+        mid = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"][0]["id"]
+        r = await http.patch(f"/api/v1/conversations/{cid}/messages/{mid}",
+                             json={"content": "the spare key is with the neighbour Maria"})
+        assert r.status_code == 200
+        hits = (await mcp.ok("search", query="where is the spare key", conversation_id=cid))
+        assert hits["results"][0]["chunk_text"] == "[user]: the spare key is with the neighbour Maria"
+        old = await mcp.ok("search", query="blue flowerpot")
+        assert all("flowerpot" not in h["chunk_text"] for h in old["results"])
+
+        await http.delete(f"/api/v1/conversations/{cid}")
+        for _ in range(100):  # the vector removal goes through the outbox
+            if await service.outbox_size() == 0:
+                break
+            await asyncio.sleep(0.05)
+        gone = await mcp.ok("search", query="spare key neighbour Maria")
+        assert all(h["conversation_id"] != cid for h in gone["results"])
+
+
+async def test_appends_survive_an_embed_outage(database_url: str) -> None:
+    async with running_service(database_url, append_index_wait_seconds=0.3) as service:
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+            await service.stop_embed()
+            cid = await _conversation(http, [f"outage message {i}" for i in range(10)])
+            got = (await http.get(f"/api/v1/conversations/{cid}")).json()
+            assert got["conversation"]["message_count"] == 10  # committed despite the outage
+            assert await service.outbox_size() == 1
+            r = await http.get("/api/v1/search", params={"q": "outage"})
+            assert r.status_code == 503 and r.json()["code"] == "unavailable"
+
+            await service.start_embed()
+            for _ in range(600):
+                if await service.outbox_size() == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert await service.outbox_size() == 0
+            found = (await http.get("/api/v1/search", params={
+                "q": "outage message", "conversation_id": cid, "limit": 10})).json()
+            assert sorted(h["start_sequence"] for h in found["results"]) == [1, 4, 7, 10]

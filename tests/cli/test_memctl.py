@@ -1,0 +1,81 @@
+"""memctl against a real database, as a user runs it (a subprocess per command)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from api_service import auth
+from api_service.core.errors import Forbidden
+from api_service.store.db import create_pool
+
+
+def memctl(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": database_url}
+    return subprocess.run(
+        [sys.executable, "-m", "api_service.cli", *args],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+async def test_org_and_key_lifecycle(database_url: str) -> None:
+    created = memctl(database_url, "org", "create", "acme")
+    assert created.returncode == 0, created.stderr
+    assert "created organization acme (org_" in created.stdout
+    again = memctl(database_url, "org", "create", "acme")
+    assert again.returncode == 1 and "already exists" in again.stderr
+
+    issued = memctl(database_url, "key", "create", "--org", "acme", "--scopes", "read",
+                    "--expires-in", "30")
+    assert issued.returncode == 0, issued.stderr
+    secret = re.search(r"api key: (cmk_\S+)", issued.stdout)
+    key_id = re.search(r"key id:\s+(key_\S+)", issued.stdout)
+    assert secret and key_id
+
+    pool = await create_pool(database_url, 1, 2)
+    try:
+        principal = await auth.resolve(pool, f"Bearer {secret.group(1)}")
+        assert principal.scopes == frozenset({"read"})
+        stored = await pool.fetchval("SELECT count(*) FROM api_keys WHERE key_hash = $1",
+                                     auth.hash_key(secret.group(1)))
+        assert stored == 1
+        in_clear = await pool.fetchval(
+            "SELECT count(*) FROM api_keys WHERE prefix = $1 OR key_id = $1", secret.group(1))
+        assert in_clear == 0
+
+        listed = memctl(database_url, "key", "list", "--org", "acme")
+        assert key_id.group(1) in listed.stdout and "active" in listed.stdout
+        assert secret.group(1) not in listed.stdout
+
+        revoked = memctl(database_url, "key", "revoke", key_id.group(1))
+        assert revoked.returncode == 0 and "revoked" in revoked.stdout
+        with pytest.raises(Forbidden):
+            await auth.resolve(pool, f"Bearer {secret.group(1)}")
+        assert "revoked" in memctl(database_url, "key", "list", "--org", "acme").stdout
+    finally:
+        await pool.close()
+
+
+def test_clear_errors(database_url: str) -> None:
+    missing = memctl(database_url, "key", "create", "--org", "nobody")
+    assert missing.returncode == 1
+    assert "memctl org create nobody" in missing.stderr
+    bad_scope = memctl(database_url, "org", "create", "x")
+    assert bad_scope.returncode == 0
+    bad_scope = memctl(database_url, "key", "create", "--org", "x", "--scopes", "admin")
+    assert bad_scope.returncode == 1 and "read, write" in bad_scope.stderr
+    unknown = memctl(database_url, "key", "revoke", "key_unknown")
+    assert unknown.returncode == 1 and "memctl key list" in unknown.stderr
+
+
+def test_help_documents_every_command(database_url: str) -> None:
+    top = memctl(database_url, "--help")
+    for command in ("up", "migrate", "org", "key"):
+        assert command in top.stdout
+    up = memctl(database_url, "up", "--help")
+    for option in ("--port", "--embedder", "--timeout"):
+        assert option in up.stdout

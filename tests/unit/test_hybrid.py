@@ -1,0 +1,42 @@
+"""Hybrid search fuses vector and full-text rankings: a keyword-only match surfaces even when the
+vector index does not return it (real PostgreSQL, a fake at the semantic-index port)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from api_service.auth import Principal
+from api_service.core.memory import MemoryService
+from api_service.settings import Limits
+from api_service.store import admin
+from api_service.store.db import create_pool
+from api_service.store.records import NewMessage
+
+
+class NoVectorHits:
+    async def nearest(
+        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        return []
+
+
+async def test_keyword_only_match_surfaces_in_hybrid_not_in_vector(database_url: str) -> None:
+    pool = await create_pool(database_url, 1, 4)
+    try:
+        async with pool.acquire() as conn:
+            await admin.create_org(conn, "org_a", "a", None)
+        who = Principal("org_a", "key_a", frozenset({"read", "write"}))
+        memory = MemoryService(pool, Limits(), NoVectorHits())
+        cid = (await memory.create_conversation(who))["conversation_id"]
+        await memory.append_messages(who, cid, [
+            NewMessage("user", "The order number is ZX-99812, shipped Tuesday"),
+            NewMessage("assistant", "Thanks, tracking it now"),
+        ])
+        assert (await memory.search(who, "ZX-99812"))["results"] == []
+        hybrid = await memory.search(who, "status of ZX-99812", hybrid=True)
+        assert hybrid["total"] == 1
+        assert "ZX-99812" in hybrid["results"][0]["chunk_text"]
+        other = Principal("org_b", "key_b", frozenset({"read"}))
+        assert (await memory.search(other, "ZX-99812", hybrid=True))["results"] == []
+    finally:
+        await pool.close()
