@@ -16,7 +16,7 @@ test: install lint
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check api_service embed_service index_service tests benchmarks proto
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 proto: install

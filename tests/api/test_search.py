@@ -12,8 +12,10 @@ from tests.api.harness import Service, running_service
 
 async def _conversation(http: httpx.AsyncClient, texts: list[str], **body: object) -> str:
     cid = (await http.post("/api/v1/conversations", json=body)).json()["conversation_id"]
-    r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [
-        {"role": "user", "content": t} for t in texts]})
+    r = await http.post(
+        "/api/v1/messages",
+        json={"conversation_id": cid, "messages": [{"role": "user", "content": t} for t in texts]},
+    )
     assert r.status_code == 200, r.text
     return str(cid)
 
@@ -21,8 +23,9 @@ async def _conversation(http: httpx.AsyncClient, texts: list[str], **body: objec
 async def test_append_then_search_finds_it_on_both_interfaces(service: Service, key: str) -> None:
     async with service.rest(key) as http, service.mcp(key) as mcp:
         await _conversation(http, ["the weather in Oslo was cold and rainy"])
-        target = await _conversation(http, ["my passport number ends in 4471",
-                                            "renewal is due in June"])
+        target = await _conversation(
+            http, ["my passport number ends in 4471", "renewal is due in June"]
+        )
         found = await mcp.ok("search", query="when is my passport renewal due")
         assert found["results"][0]["conversation_id"] == target
         scores = [r["score"] for r in found["results"]]
@@ -38,33 +41,39 @@ async def test_conversation_filter_returns_its_full_k(service: Service, key: str
     async with service.rest(key) as http, service.mcp(key) as mcp:
         for _ in range(3):
             await _conversation(http, [f"rocket engine thrust test {i}" for i in range(12)])
-        weak = await _conversation(http, [f"gardening note {i} about rocket salad" for i in
-                                          range(12)])
+        weak = await _conversation(
+            http, [f"gardening note {i} about rocket salad" for i in range(12)]
+        )
         unfiltered = await mcp.ok("search", query="rocket engine thrust test", limit=4)
         assert all(r["conversation_id"] != weak for r in unfiltered["results"])
-        filtered = await mcp.ok("search", query="rocket engine thrust test", limit=4,
-                                conversation_id=weak)
+        filtered = await mcp.ok(
+            "search", query="rocket engine thrust test", limit=4, conversation_id=weak
+        )
         assert filtered["total"] == 4
         assert {r["conversation_id"] for r in filtered["results"]} == {weak}
 
 
 async def test_tag_and_project_filters(service: Service, key: str) -> None:
     async with service.rest(key) as http, service.mcp(key) as mcp:
-        a = await _conversation(http, ["invoice 88 was paid"], tags=["billing", "eu"],
-                                metadata={"project": "atlas"})
-        b = await _conversation(http, ["invoice 91 was paid"], tags=["billing"],
-                                metadata={"project": "zephyr"})
+        a = await _conversation(
+            http, ["invoice 88 was paid"], tags=["billing", "eu"], metadata={"project": "atlas"}
+        )
+        b = await _conversation(
+            http, ["invoice 91 was paid"], tags=["billing"], metadata={"project": "zephyr"}
+        )
         both = await mcp.ok("search", query="invoice paid", tags=["billing"])
         assert {r["conversation_id"] for r in both["results"]} == {a, b}
         only_a = await mcp.ok("search", query="invoice paid", tags=["billing", "eu"])
         assert {r["conversation_id"] for r in only_a["results"]} == {a}
         none = await mcp.ok("search", query="invoice paid", tags=["nothing-has-this"])
         assert none == {"results": [], "total": 0}
-        by_project = (await http.get("/api/v1/search", params={
-            "q": "invoice paid", "project": "zephyr"})).json()
+        by_project = (
+            await http.get("/api/v1/search", params={"q": "invoice paid", "project": "zephyr"})
+        ).json()
         assert {r["conversation_id"] for r in by_project["results"]} == {b}
-        by_tags = (await http.get("/api/v1/search", params={
-            "q": "invoice paid", "tags": "billing,eu"})).json()
+        by_tags = (
+            await http.get("/api/v1/search", params={"q": "invoice paid", "tags": "billing,eu"})
+        ).json()
         assert {r["conversation_id"] for r in by_tags["results"]} == {a}
 
 
@@ -77,16 +86,18 @@ async def test_snippet_clipping(service: Service, key: str) -> None:
         assert len(clipped["chunk_text"]) == 100
         assert clipped["chunk_text"].endswith("...[truncated]")
         assert clipped["chunk_text"].startswith("[user]: lighthouse")
-        default = (await http.get("/api/v1/search", params={"q": "lighthouse",
-                                                             "conversation_id": cid})).json()
+        default = (
+            await http.get("/api/v1/search", params={"q": "lighthouse", "conversation_id": cid})
+        ).json()
         assert len(default["results"][0]["chunk_text"]) == 1500
 
 
 async def test_windows_of_five_with_stride_three(service: Service, key: str) -> None:
     async with service.rest(key) as http, service.mcp(key) as mcp:
         cid = await _conversation(http, [f"note{i}" for i in range(1, 8)])
-        hits = (await mcp.ok("search", query="note1 note4 note7", limit=10,
-                             conversation_id=cid))["results"]
+        hits = (await mcp.ok("search", query="note1 note4 note7", limit=10, conversation_id=cid))[
+            "results"
+        ]
         spans = sorted((h["start_sequence"], h["end_sequence"]) for h in hits)
         assert spans == [(1, 5), (4, 7), (7, 7)]
         first = next(h for h in hits if h["start_sequence"] == 1)
@@ -97,11 +108,14 @@ async def test_patch_and_delete_are_reflected(service: Service, key: str) -> Non
     async with service.rest(key) as http, service.mcp(key) as mcp:
         cid = await _conversation(http, ["the spare key is under the blue flowerpot"])
         mid = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"][0]["id"]
-        r = await http.patch(f"/api/v1/conversations/{cid}/messages/{mid}",
-                             json={"content": "the spare key is with the neighbour Maria"})
+        r = await http.patch(
+            f"/api/v1/conversations/{cid}/messages/{mid}",
+            json={"content": "the spare key is with the neighbour Maria"},
+        )
         assert r.status_code == 200
-        hits = (await mcp.ok("search", query="where is the spare key", conversation_id=cid))
-        assert hits["results"][0]["chunk_text"] == "[user]: the spare key is with the neighbour Maria"
+        hits = await mcp.ok("search", query="where is the spare key", conversation_id=cid)
+        new_text = "[user]: the spare key is with the neighbour Maria"
+        assert hits["results"][0]["chunk_text"] == new_text
         old = await mcp.ok("search", query="blue flowerpot")
         assert all("flowerpot" not in h["chunk_text"] for h in old["results"])
 
@@ -132,6 +146,10 @@ async def test_appends_survive_an_embed_outage(database_url: str) -> None:
                     break
                 await asyncio.sleep(0.05)
             assert await service.outbox_size() == 0
-            found = (await http.get("/api/v1/search", params={
-                "q": "outage message", "conversation_id": cid, "limit": 10})).json()
+            found = (
+                await http.get(
+                    "/api/v1/search",
+                    params={"q": "outage message", "conversation_id": cid, "limit": 10},
+                )
+            ).json()
             assert sorted(h["start_sequence"] for h in found["results"]) == [1, 4, 7, 10]

@@ -18,7 +18,10 @@ def memctl(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DATABASE_URL": database_url}
     return subprocess.run(
         [sys.executable, "-m", "api_service.cli", *args],
-        env=env, capture_output=True, text=True, timeout=120,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -29,8 +32,9 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
     again = memctl(database_url, "org", "create", "acme")
     assert again.returncode == 1 and "already exists" in again.stderr
 
-    issued = memctl(database_url, "key", "create", "--org", "acme", "--scopes", "read",
-                    "--expires-in", "30")
+    issued = memctl(
+        database_url, "key", "create", "--org", "acme", "--scopes", "read", "--expires-in", "30"
+    )
     assert issued.returncode == 0, issued.stderr
     secret = re.search(r"api key: (cmk_\S+)", issued.stdout)
     key_id = re.search(r"key id:\s+(key_\S+)", issued.stdout)
@@ -40,11 +44,13 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
     try:
         principal = await auth.resolve(pool, f"Bearer {secret.group(1)}")
         assert principal.scopes == frozenset({"read"})
-        stored = await pool.fetchval("SELECT count(*) FROM api_keys WHERE key_hash = $1",
-                                     auth.hash_key(secret.group(1)))
+        stored = await pool.fetchval(
+            "SELECT count(*) FROM api_keys WHERE key_hash = $1", auth.hash_key(secret.group(1))
+        )
         assert stored == 1
         in_clear = await pool.fetchval(
-            "SELECT count(*) FROM api_keys WHERE prefix = $1 OR key_id = $1", secret.group(1))
+            "SELECT count(*) FROM api_keys WHERE prefix = $1 OR key_id = $1", secret.group(1)
+        )
         assert in_clear == 0
 
         listed = memctl(database_url, "key", "list", "--org", "acme")

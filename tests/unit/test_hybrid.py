@@ -28,10 +28,14 @@ async def test_keyword_only_match_surfaces_in_hybrid_not_in_vector(database_url:
         who = Principal("org_a", "key_a", frozenset({"read", "write"}))
         memory = MemoryService(pool, Limits(), NoVectorHits())
         cid = (await memory.create_conversation(who))["conversation_id"]
-        await memory.append_messages(who, cid, [
-            NewMessage("user", "The order number is ZX-99812, shipped Tuesday"),
-            NewMessage("assistant", "Thanks, tracking it now"),
-        ])
+        await memory.append_messages(
+            who,
+            cid,
+            [
+                NewMessage("user", "The order number is ZX-99812, shipped Tuesday"),
+                NewMessage("assistant", "Thanks, tracking it now"),
+            ],
+        )
         assert (await memory.search(who, "ZX-99812"))["results"] == []
         hybrid = await memory.search(who, "status of ZX-99812", hybrid=True)
         assert hybrid["total"] == 1
