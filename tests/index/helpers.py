@@ -18,10 +18,11 @@ DIM = 768
 
 
 def clustered(n: int, seed: int, topics: int = 50, spread: float = 1.0) -> np.ndarray:
-    """Unit vectors around `topics` random centers, like sentence embeddings."""
-    rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((topics, DIM)).astype(np.float32)
+    """Unit vectors around `topics` fixed random centers, like sentence embeddings: every call
+    draws from the same topics, so queries resemble stored chunks as real questions do."""
+    centers = np.random.default_rng(0).standard_normal((topics, DIM)).astype(np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+    rng = np.random.default_rng(seed)
     noise = rng.standard_normal((n, DIM)).astype(np.float32) * (spread / np.sqrt(DIM))
     out = centers[rng.integers(0, topics, n)] + noise
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
@@ -87,17 +88,16 @@ async def insert_chunks(
             "ON CONFLICT DO NOTHING",
             sorted({(org, conversation) for _, conversation, _ in chunks}),
         )
-        starts: dict[str, int] = {}
-        rows = []
-        for chunk_id, conversation, vector in chunks:
-            start = starts.get(conversation, 1)
-            starts[conversation] = start + 3
-            blob = None if vector is None else vector.astype("<f4").tobytes()
-            rows.append((org, conversation, start, chunk_id, start + 4, chunk_id, blob))
+        # Windows start at 1, 4, 7, ... in each conversation.
         await conn.executemany(
             "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
-            "end_sequence, text, embedding) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            rows,
+            "end_sequence, text, embedding) "
+            "SELECT $1, $2, s, $3, s + 4, $3, $4 FROM (SELECT COALESCE(max(start_sequence), -2) "
+            "+ 3 AS s FROM chunks WHERE org_id = $1 AND conversation_id = $2) AS next",
+            [
+                (org, conversation, chunk_id, None if v is None else v.astype("<f4").tobytes())
+                for chunk_id, conversation, v in chunks
+            ],
         )
     finally:
         await conn.close()

@@ -119,7 +119,9 @@ async def test_sigkill_then_restart_gives_identical_results(database_url: str) -
         extra = clustered(1, seed=23)
         await insert_chunks(database_url, "org_small", [("chk_new", "conv_3", extra[0])])
         await stub.Upsert(upsert_request("org_small", [("chk_new", "conv_3", extra[0])]))
-        await execute(database_url, "DELETE FROM chunks WHERE chunk_id = 'chk_3'")
+        await execute(
+            database_url, "DELETE FROM chunks WHERE org_id = 'org_small' AND chunk_id = 'chk_3'"
+        )
         await stub.Delete(index_pb2.DeleteRequest(org_id="org_small", chunk_ids=["chk_3"]))
         before = await _answers(stub, np.concatenate([queries, extra]))
         assert any(hit[0] == "chk_new" for hits in before for hit in hits)
