@@ -70,6 +70,9 @@ class _Item:
 @dataclass
 class _State:
     pending: list[_Item] = field(default_factory=list)
+    # The worker's current round, and how many of its texts are not yet handed to the model.
+    round: list[_Item] = field(default_factory=list)
+    round_left: int = 0
     admitted: int = 0
     closed: bool = False
 
@@ -97,6 +100,11 @@ class Batcher:
     def queued_texts(self) -> int:
         """Texts admitted and not yet answered (waiting, tokenizing or being embedded)."""
         return self._state.admitted
+
+    @property
+    def waiting_texts(self) -> int:
+        """Texts tokenized and not yet handed to the model."""
+        return len(self._state.pending) + self._state.round_left
 
     def start(self) -> None:
         """Start the worker on the running event loop."""
@@ -139,9 +147,7 @@ class Batcher:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
         await asyncio.gather(*self._running, return_exceptions=True)
-        for item in self._state.pending:
-            item.request.fail(NotReady("embedding service is shutting down"))
-        self._state.pending.clear()
+        self._fail_undispatched(NotReady("embedding service is shutting down"))
         await asyncio.to_thread(self._tokenize_pool.shutdown, wait=True)
         await asyncio.to_thread(self._model_pool.shutdown, wait=True)
 
@@ -157,17 +163,23 @@ class Batcher:
                 log.exception("batching round failed")
                 for item in items:
                     item.request.fail(BatchFailed(f"batching failed: {exc}"))
+            # Not in a `finally`: on cancellation `close` still needs the round's leftovers.
+            self._state.round = []
+            self._state.round_left = 0
 
     async def _dispatch_round(self, items: list[_Item]) -> None:
         live = sorted(
             (it for it in items if not it.request.future.done()), key=lambda it: len(it.ids)
         )
+        self._state.round = live
+        self._state.round_left = len(live)
         for planned in plan_batches(
             [len(it.ids) for it in live],
             self._limits.batch_max_texts,
             self._limits.batch_token_budget,
         ):
             await self._slots.acquire()
+            self._state.round_left -= len(planned)
             # Checked again at dispatch: callers may have left while earlier batches ran.
             batch = [live[i] for i in planned if not live[i].request.future.done()]
             if not batch:
@@ -200,8 +212,16 @@ class Batcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("embedding worker stopped", exc_info=task.exception())
             self._state.closed = True
-            for item in self._state.pending:
-                item.request.fail(NotReady("embedding worker stopped"))
+            self._fail_undispatched(NotReady("embedding worker stopped"))
+
+    def _fail_undispatched(self, error: NotReady) -> None:
+        state = self._state
+        undispatched = state.round[len(state.round) - state.round_left :]
+        for item in (*undispatched, *state.pending):
+            item.request.fail(error)
+        self._state.round = []
+        self._state.pending = []
+        self._state.round_left = 0
 
 
 def plan_batches(lengths: Sequence[int], max_texts: int, token_budget: int) -> Iterator[range]:

@@ -13,6 +13,7 @@ import grpc
 
 from embed_service.backends import batch_limits, load_embedder
 from embed_service.batcher import Batcher
+from embed_service.embedder import Embedder
 from embed_service.servicer import EmbedServicer, RequestLimits
 from embed_service.settings import EmbedSettings
 from memory_proto import embed_pb2_grpc
@@ -36,12 +37,14 @@ class EmbedServer:
         await self.batcher.close()
 
 
-async def start_server(settings: EmbedSettings) -> EmbedServer:
+async def start_server(settings: EmbedSettings, embedder: Embedder | None = None) -> EmbedServer:
     """Load the model (off the event loop), then bind and start the gRPC server.
 
     The port is bound only after the model is loaded, so anything that answers is ready.
+    `embedder` serves instead of the configured backend when given (one model, many servers).
     """
-    embedder = await asyncio.to_thread(load_embedder, settings)
+    if embedder is None:
+        embedder = await asyncio.to_thread(load_embedder, settings)
     batcher = Batcher(embedder, batch_limits(settings, embedder.device))
     batcher.start()
     servicer = EmbedServicer(

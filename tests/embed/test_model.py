@@ -1,0 +1,61 @@
+"""The real all-mpnet-base-v2: shape, norm, meaning, and independence from batch makeup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embed_service.assembly import WEIGHTS_SHA256
+from embed_service.model import MAX_TOKENS, TransformerEmbedder
+
+pytestmark = pytest.mark.model
+
+
+def _embed(model: TransformerEmbedder, texts: list[str]) -> np.ndarray:
+    return model.embed(model.tokenize(texts))
+
+
+def test_vectors_have_768_dims_and_unit_norm(real_model: TransformerEmbedder) -> None:
+    vectors = _embed(real_model, ["Hello there.", "A longer sentence about databases.", ""])
+    assert vectors.shape == (3, 768)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+def test_paraphrase_scores_closer_than_unrelated(real_model: TransformerEmbedder) -> None:
+    anchor, paraphrase, unrelated = _embed(
+        real_model,
+        [
+            "How do I reset my password?",
+            "What are the steps to change my login password?",
+            "The recipe needs two cups of flour and an egg.",
+        ],
+    )
+    assert anchor @ paraphrase > 0.6
+    assert anchor @ paraphrase > anchor @ unrelated + 0.3
+
+
+def test_same_text_same_vector_in_any_batch(real_model: TransformerEmbedder) -> None:
+    text = "[user]: I moved to Lisbon last spring.\n[assistant]: How do you like it?"
+    alone = _embed(real_model, [text])[0]
+    short_neighbours = _embed(real_model, ["hi", text, "ok"])[1]
+    long_neighbours = _embed(real_model, ["word " * 300, text, "another " * 120])[1]
+    np.testing.assert_allclose(short_neighbours, alone, atol=1e-3)
+    np.testing.assert_allclose(long_neighbours, alone, atol=1e-3)
+
+
+def test_input_is_truncated_to_384_tokens(real_model: TransformerEmbedder) -> None:
+    head = "The quick brown fox jumps over the lazy dog. " * 60  # well past 384 tokens
+    ids = real_model.tokenize([head, head + "A different ending entirely."])
+    assert [len(i) for i in ids] == [MAX_TOKENS, MAX_TOKENS]
+    first, second = real_model.embed(ids)
+    np.testing.assert_allclose(first, second, atol=1e-6)
+
+
+def test_assembled_folder_is_verified(real_model: TransformerEmbedder) -> None:
+    from embed_service.assembly import ensure_model_folder, sha256_of
+    from tests.embed.conftest import REPO_ROOT
+
+    folder = ensure_model_folder(REPO_ROOT / "var" / "models")
+    assert sha256_of(folder / "model.safetensors") == WEIGHTS_SHA256
+    assert real_model.name == "all-mpnet-base-v2"
