@@ -32,6 +32,7 @@ class Principal:
     org_id: str
     key_id: str
     scopes: frozenset[str]
+    redact_pii: bool = False
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:
@@ -95,4 +96,6 @@ async def resolve(
         raise Forbidden("Forbidden: API key revoked")
     if key.expires_at is not None and key.expires_at <= (now or datetime.now(UTC)):
         raise Forbidden("Forbidden: API key expired")
-    return Principal(org_id=key.org_id, key_id=key.key_id, scopes=frozenset(key.scopes))
+    return Principal(
+        org_id=key.org_id, key_id=key.key_id, scopes=frozenset(key.scopes), redact_pii=found[2]
+    )

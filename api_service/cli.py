@@ -82,6 +82,16 @@ def cmd_org_create(settings: ApiSettings, args: argparse.Namespace) -> None:
         asyncio.run(_with_conn(url, work))
 
 
+def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
+    async def work(conn: Conn) -> None:
+        if not await admin.set_redact_pii(conn, args.name, args.redact_pii == "on"):
+            raise CliError(f"no organization named {args.name!r}")
+        print(f"{args.name}: redaction of emails and phone numbers {args.redact_pii}")
+
+    with database(settings) as url:
+        asyncio.run(_with_conn(url, work))
+
+
 def cmd_key_create(settings: ApiSettings, args: argparse.Namespace) -> None:
     async def work(conn: Conn) -> None:
         org_id = await _org(conn, args.org)
@@ -347,6 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     org_create = org.add_parser("create", help="create an organization")
     org_create.add_argument("name", help="unique organization name")
     org_create.set_defaults(run=cmd_org_create)
+    org_set = org.add_parser("set", help="change an organization's settings")
+    org_set.add_argument("name", help="organization name")
+    org_set.add_argument(
+        "--redact-pii",
+        choices=["on", "off"],
+        required=True,
+        help="also redact emails and phone numbers (secrets always are)",
+    )
+    org_set.set_defaults(run=cmd_org_set)
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(
         dest="key_command", required=True, metavar="ACTION"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -13,6 +14,7 @@ from api_service.core import chunking, validation, views
 from api_service.core.errors import InvalidInput, NotFound, conversation_not_found
 from api_service.core.ids import chunk_id, new_id
 from api_service.core.ports import IndexWaiter, SemanticIndex
+from api_service.core.redaction import Redactor
 from api_service.settings import Limits
 from api_service.store import repository as repo
 from api_service.store.db import Conn
@@ -77,7 +79,13 @@ class MemoryService:
         them for indexing, all in one transaction. `conversation_id=None` means the org's
         default memory. Waits, bounded, for the chunks to be indexed."""
         who.require("write")
-        items = validation.messages(messages, self._limits)
+        redactor = Redactor(pii=who.redact_pii)
+        items = [
+            replace(
+                m, content=redactor.redact(m.content)[0], metadata=redactor.redact_value(m.metadata)
+            )
+            for m in validation.messages(messages, self._limits)
+        ]
         added_bytes = sum(
             validation.stored_bytes(m.content, m.tool_call_id, m.tool_name, m.metadata)
             for m in items
@@ -111,6 +119,7 @@ class MemoryService:
         """Replace a message's content in place and rebuild the windows that contain it."""
         who.require("write")
         validation.text("content", content, self._limits.content_chars, required=True)
+        content = Redactor(pii=who.redact_pii).redact(content)[0]
         async with self._pool.acquire() as conn, conn.transaction():
             count = await repo.lock_conversation(conn, who.org_id, conversation_id)
             if count is None:

@@ -24,6 +24,14 @@ async def create_org(conn: Conn, org_id: str, name: str, plan: str | None) -> Or
     return Org(**dict(row))
 
 
+async def set_redact_pii(conn: Conn, name: str, enabled: bool) -> bool:
+    """Turn redaction of emails and phone numbers on or off; False if no such org."""
+    done = await conn.fetchval(
+        "UPDATE orgs SET redact_pii = $2 WHERE name = $1 RETURNING org_id", name, enabled
+    )
+    return done is not None
+
+
 async def org_by_name(conn: Conn, name: str) -> Org | None:
     row = await conn.fetchrow(
         "SELECT org_id, name, plan, created_at FROM orgs WHERE name = $1", name
@@ -55,16 +63,24 @@ async def insert_key(
     return ApiKey(**dict(row))
 
 
-async def key_by_hash(conn: Conn | asyncpg.Pool, key_hash: bytes) -> tuple[ApiKey, bytes] | None:
-    """The key with this sha256 digest, and the stored digest for a constant-time check."""
+async def key_by_hash(
+    conn: Conn | asyncpg.Pool, key_hash: bytes
+) -> tuple[ApiKey, bytes, bool] | None:
+    """The key with this sha256 digest, the stored digest (for a constant-time check), and
+    whether its org redacts personal data."""
     row = await conn.fetchrow(
-        f"SELECT {_KEY_COLUMNS}, key_hash FROM api_keys WHERE key_hash = $1", key_hash
+        f"""SELECT {", ".join("k." + c.strip() for c in _KEY_COLUMNS.split(","))},
+                   k.key_hash, o.redact_pii
+              FROM api_keys k JOIN orgs o USING (org_id)
+             WHERE k.key_hash = $1""",
+        key_hash,
     )
     if row is None:
         return None
     values = dict(row)
     stored: bytes = values.pop("key_hash")
-    return ApiKey(**values), stored
+    redact_pii: bool = values.pop("redact_pii")
+    return ApiKey(**values), stored, redact_pii
 
 
 async def revoke_key(conn: Conn, key_id: str) -> ApiKey | None:

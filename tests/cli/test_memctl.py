@@ -29,6 +29,8 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
     created = memctl(database_url, "org", "create", "acme")
     assert created.returncode == 0, created.stderr
     assert "created organization acme (org_" in created.stdout
+    pii = memctl(database_url, "org", "set", "acme", "--redact-pii", "on")
+    assert pii.returncode == 0 and "on" in pii.stdout, pii.stderr
     again = memctl(database_url, "org", "create", "acme")
     assert again.returncode == 1 and "already exists" in again.stderr
 
@@ -43,7 +45,7 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
     pool = await create_pool(database_url, 1, 2)
     try:
         principal = await auth.resolve(pool, f"Bearer {secret.group(1)}")
-        assert principal.scopes == frozenset({"read"})
+        assert principal.scopes == frozenset({"read"}) and principal.redact_pii
         stored = await pool.fetchval(
             "SELECT count(*) FROM api_keys WHERE key_hash = $1", auth.hash_key(secret.group(1))
         )

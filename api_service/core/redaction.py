@@ -1,0 +1,134 @@
+"""Redaction of secrets before anything is stored or embedded.
+
+Known secret kinds are replaced by `[REDACTED:<kind>]`. Token formats come from the maintained
+detect-secrets plugins; what they lack is added here: whole PEM private-key blocks (the plugin
+matches only the header line), current OpenAI/Anthropic-style `sk-` keys, bearer tokens,
+passwords in URLs, Luhn-valid card numbers, and, per organization, emails and phone numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.base import RegexBasedDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.stripe import StripeDetector
+
+
+def marker(kind: str) -> str:
+    return f"[REDACTED:{kind}]"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: str
+    find: Callable[[str], Iterable[str]]
+
+
+def _plugin(kind: str, plugin: RegexBasedDetector, group: int = 0) -> _Rule:
+    """A rule from a detect-secrets plugin's patterns, keeping the whole match (its own
+    analyze_string keeps only capture groups where a pattern has them)."""
+    patterns = list(plugin.denylist)
+    return _Rule(kind, lambda text: [m.group(group) for p in patterns for m in p.finditer(text)])
+
+
+_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+
+
+def _jwts(text: str) -> list[str]:
+    return [
+        m.group(0) for m in _JWT.finditer(text) if JwtTokenDetector.is_formally_valid(m.group(0))
+    ]
+
+
+def _regex(kind: str, pattern: str, group: int = 0, flags: int = 0) -> _Rule:
+    compiled = re.compile(pattern, flags)
+    return _Rule(kind, lambda text: [m.group(group) for m in compiled.finditer(text)])
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2 == 1:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
+
+
+def _cards(text: str) -> list[str]:
+    found = []
+    for match in _CARD.finditer(text):
+        digits = re.sub(r"[ -]", "", match.group(0))
+        # Issuer prefixes: Visa 4, Mastercard 2/5, Amex 3, Discover/UnionPay 6.
+        if 13 <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits):
+            found.append(match.group(0))
+    return found
+
+
+_SECRET_RULES: tuple[_Rule, ...] = (
+    _regex(
+        "private_key",
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+        r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+        flags=re.DOTALL,
+    ),
+    _plugin("aws_key", AWSKeyDetector()),
+    _plugin("github_token", GitHubTokenDetector()),
+    _regex("github_token", r"github_pat_[A-Za-z0-9_]{22,255}"),
+    _plugin("gitlab_token", GitLabTokenDetector()),
+    _plugin("slack_token", SlackDetector()),
+    _plugin("stripe_key", StripeDetector()),
+    _regex("stripe_key", r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,99}"),
+    _plugin("openai_key", OpenAIDetector()),
+    _regex("api_key", r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,}"),
+    _Rule("jwt", _jwts),
+    _regex("bearer_token", r"\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)", group=1, flags=re.IGNORECASE),
+    _plugin("url_password", BasicAuthDetector(), group=1),
+    _Rule("card_number", _cards),
+)
+
+_PII_RULES: tuple[_Rule, ...] = (
+    _regex("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+    _regex("phone", r"(?<![\w+])\+?\d{1,3}[ .-]?\(?\d{2,4}\)?[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)"),
+)
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces secrets (and, with `pii`, emails and phone numbers) in text."""
+
+    pii: bool = False
+
+    def redact(self, text: str) -> tuple[str, list[str]]:
+        """The text with each finding replaced by its marker, and the kinds found."""
+        kinds: list[str] = []
+        rules = _SECRET_RULES + (_PII_RULES if self.pii else ())
+        for rule in rules:
+            for found in sorted(set(rule.find(text)), key=len, reverse=True):
+                if found and found in text:
+                    text = text.replace(found, marker(rule.kind))
+                    kinds.append(rule.kind)
+        return text, kinds
+
+    def redact_value(self, value: Any) -> Any:
+        """`value` with every string inside it redacted (metadata objects)."""
+        if isinstance(value, str):
+            return self.redact(value)[0]
+        if isinstance(value, dict):
+            return {k: self.redact_value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.redact_value(v) for v in value]
+        return value

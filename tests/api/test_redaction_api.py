@@ -1,0 +1,69 @@
+"""Secrets never reach storage or the model: appends and edits are redacted before the write."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from tests.api.harness import Service
+
+SECRET = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
+
+
+async def test_append_and_patch_store_redacted_text(service: Service, key: str) -> None:
+    async with service.rest(key) as http:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        r = await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"my stripe key is {SECRET}",
+                        "metadata": {"env": f"STRIPE={SECRET}"},
+                    }
+                ],
+            },
+        )
+        mid = r.json()["message_ids"][0]
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"][0]
+        assert got["content"] == "my stripe key is [REDACTED:stripe_key]"
+        assert got["metadata"] == {"env": "STRIPE=[REDACTED:stripe_key]"}
+        r = await http.patch(
+            f"/api/v1/conversations/{cid}/messages/{mid}",
+            json={"content": "card 4242 4242 4242 4242"},
+        )
+        assert r.json()["message"]["content"] == "card [REDACTED:card_number]"
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        for table, column in (
+            ("messages", "content"),
+            ("chunks", "text"),
+            ("messages", "metadata::text"),
+        ):
+            leaked = await conn.fetchval(
+                f"SELECT count(*) FROM {table} WHERE {column} LIKE '%4242 4242%' "
+                f"OR {column} LIKE '%{SECRET}%'"
+            )
+            assert leaked == 0, table
+    finally:
+        await conn.close()
+
+
+async def test_personal_data_redaction_is_per_org(service: Service) -> None:
+    org_id, key = await service.org_with_key()
+    _, other_key = await service.org_with_key()
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        await conn.execute("UPDATE orgs SET redact_pii = true WHERE org_id = $1", org_id)
+    finally:
+        await conn.close()
+    text = "reach me at jo.doe@example.com"
+    for api_key, expected in ((key, "reach me at [REDACTED:email]"), (other_key, text)):
+        async with service.rest(api_key) as http:
+            r = await http.post(
+                "/api/v1/messages", json={"messages": [{"role": "user", "content": text}]}
+            )
+            cid = r.json()["conversation_id"]
+            got = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"][0]
+            assert got["content"] == expected
