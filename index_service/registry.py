@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from index_service.errors import Unavailable
+from index_service.memory import release_free_memory
 from index_service.org_index import Hit, OrgIndex
 from index_service.rebuild import OrgRows
 from index_service.vectors import Matrix
@@ -111,7 +112,10 @@ class Registry:
             return 0
         if org.rebuild is not None:
             org.rebuild.cancel()
-        return org.index.size
+        size = org.index.size
+        del org
+        await self._run(release_free_memory)
+        return size
 
     async def stats(self, org_id: str, epoch: int) -> Stats:
         """One org's figures (loading it if needed), or the shard's totals when org_id is ''."""
@@ -196,6 +200,7 @@ class Registry:
             org = _Org(index, epoch)
             self._orgs[org_id] = org
             self.loads += 1
+            await self._run(release_free_memory)
             log.info("loaded org %s: %d vectors (%s)", org_id, index.size, index.kind)
             return org
         finally:
@@ -215,6 +220,8 @@ class Registry:
                 store = await self._run(org.index.build, snapshot)
             finally:
                 await self._locked(org, org.index.finish_rebuild, store)
+                del store, snapshot
+                await self._run(release_free_memory)
             log.info("rebuilt org %s: %d vectors (%s)", org_id, org.index.size, org.index.kind)
         except asyncio.CancelledError:
             raise

@@ -175,8 +175,13 @@ class IvfStore:
 
 
 def nlist_for(n: int) -> int:
-    """Number of IVF lists: a power of two near 2*sqrt(n), at least 16."""
-    return int(max(16, 2 ** round(math.log2(2 * math.sqrt(max(n, 1))))))
+    """Number of IVF lists: a power of two near 4*sqrt(n), at least 16."""
+    return int(max(16, 2 ** round(math.log2(4 * math.sqrt(max(n, 1))))))
+
+
+# nprobe values tried in calibration, about 1.5x apart; at least MIN_NPROBE lists are probed.
+NPROBE_STEPS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+MIN_NPROBE = 8
 
 
 def build_ivf(labels: Labels, vectors: Matrix, target_recall: float, seed: int = 1234) -> IvfStore:
@@ -190,10 +195,10 @@ def build_ivf(labels: Labels, vectors: Matrix, target_recall: float, seed: int =
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.spherical = True  # centroids on the unit sphere suit inner product
-    index.cp.niter = 12
+    index.cp.niter = 10
     index.cp.seed = seed
     rng = np.random.default_rng(seed)
-    sample_size = min(n, nlist * 40)
+    sample_size = min(n, nlist * 32)
     sample = vectors if sample_size == n else vectors[np.sort(rng.choice(n, sample_size, False))]
     index.train(sample)
     index.set_direct_map_type(faiss.DirectMap.Hashtable)
@@ -212,29 +217,34 @@ def _calibrate(
     rng: np.random.Generator,
     k: int = 10,
 ) -> int:
+    """Smallest nprobe reaching `target` recall@k on two kinds of queries built from the
+    org's vectors: near one chunk (cosine 0.6, a question to its answer) and near the centroid
+    of a chunk's neighbourhood (a question about a topic)."""
     n, dim = vectors.shape
-    queries_n = min(200, n)
-    picks = vectors[rng.choice(n, queries_n, replace=False)]
-    # Queries at cosine about 0.6 to a stored vector, like a question to its answer's chunk.
-    noise = rng.standard_normal((queries_n, dim)).astype(np.float32)
-    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
-    queries = picks * 0.6 + noise * 0.8
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact = faiss.IndexFlatIP(dim)
     exact.add(vectors)
+    anchors = vectors[rng.choice(n, min(100, n), replace=False)]
+    _, neighbours = exact.search(anchors, k)
+    topical = vectors[neighbours].mean(axis=1)
+    topical /= np.linalg.norm(topical, axis=1, keepdims=True)
+    queries = np.concatenate([_noisy(anchors, 0.6, rng), _noisy(topical, 0.8, rng)])
     _, positions = exact.search(queries, k)
-    return _smallest_nprobe(store, queries, labels[positions], target, k)
-
-
-def _smallest_nprobe(store: IvfStore, queries: Matrix, truth: Any, target: float, k: int) -> int:
-    nprobe = 1
-    while True:
-        store.nprobe = nprobe
+    truth = labels[positions]
+    for nprobe in (*(s for s in NPROBE_STEPS if s < store.nlist), store.nlist):
+        store.nprobe = max(MIN_NPROBE, nprobe)
         _, found = store.search(queries, k, None)
-        recall = _recall(found, truth)
-        if recall >= target or nprobe >= store.nlist:
-            return nprobe
-        nprobe = min(store.nlist, nprobe * 2)
+        if _recall(found, truth) >= target:
+            break
+    return store.nprobe
+
+
+def _noisy(rows: Matrix, cosine: float, rng: np.random.Generator) -> Matrix:
+    """Rows moved to about `cosine` similarity of where they were, in a random direction."""
+    noise = rng.standard_normal(rows.shape).astype(np.float32)
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    out = rows * cosine + noise * math.sqrt(1 - cosine**2)
+    result: Matrix = (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    return result
 
 
 def _recall(found: Any, truth: Any) -> float:
