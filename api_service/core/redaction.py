@@ -65,7 +65,11 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-_CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
+# Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5.
+_CARD = re.compile(
+    r"(?<![\d-])(?:\d{13,19}|\d{4}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5})"
+    r"(?![\d-])"
+)
 
 
 def _cards(text: str) -> list[str]:
