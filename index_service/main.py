@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 
 from index_service.device import resolve_device
+from index_service.native import single_threaded_numpy_blas
 from index_service.rebuild import OrgRows, PostgresSource
 from index_service.registry import Registry
 from index_service.routing import routing_epoch, shard_for
@@ -139,4 +140,6 @@ def main() -> None:
         level=os.environ.get("INDEX_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not single_threaded_numpy_blas():
+        log.warning("could not limit numpy's BLAS threads; tail latency may suffer under load")
     asyncio.run(_serve(IndexSettings()))

@@ -135,11 +135,8 @@ class OrgIndex:
         subset = np.array(sorted(allowed), dtype=np.int64)
         want = min(k, subset.size)
         if self._store.kind == "flat" or subset.size <= self._flat_threshold:
-            scores, labels = (
-                self._store.search(query, k, subset)
-                if self._store.kind == "flat"
-                else exact_subset(self._store, query, k, subset)
-            )
+            # Every allowed chunk is scored, so the ranking is exact.
+            scores, labels = exact_subset(self._store, query, k, subset)
         else:
             scores, labels = self._store.search(query, k, subset)
             if int((labels[0] != MISSING).sum()) < want:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from index_service.errors import Unavailable
-from index_service.memory import release_free_memory
+from index_service.native import release_free_memory
 from index_service.org_index import Hit, OrgIndex
 from index_service.rebuild import OrgRows
 from index_service.vectors import Matrix

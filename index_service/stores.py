@@ -1,4 +1,5 @@
-"""FAISS index stores: exact flat search and calibrated IVF-Flat, behind one small interface.
+"""Vector stores behind one small interface: exact dense flat search, and FAISS IVF-Flat
+with nprobe calibrated to a target recall.
 
 Stores hold unit-norm vectors under int64 labels; the OrgIndex above them maps labels to chunk
 and conversation ids. Every method runs on a worker thread with the org's lock held, so a store

@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import struct
@@ -330,6 +331,7 @@ def main() -> None:
         shard.close()
         if pg_server is not None:
             pg_server.cleanup()
+        shutil.rmtree(pg_dir, ignore_errors=True)
     write(rows, args)
     plot(rows, args.out / f"{args.machine}.png", args.machine)
     progress(f"wrote {args.out}/{args.machine}.json/.csv/.png")
