@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -16,6 +16,7 @@ import asyncpg
 
 from api_service.core.errors import Forbidden, InvalidInput, Unauthorized
 from api_service.core.ids import new_id
+from api_service.limits import PlanLimits
 from api_service.store import admin
 from api_service.store.db import Conn
 from api_service.store.records import ApiKey
@@ -33,6 +34,7 @@ class Principal:
     key_id: str
     scopes: frozenset[str]
     redact_pii: bool = False
+    plan: PlanLimits = field(default_factory=PlanLimits)
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:
@@ -82,20 +84,28 @@ def bearer_token(authorization: str | None) -> str:
 
 
 async def resolve(
-    pool: asyncpg.Pool, authorization: str | None, now: datetime | None = None
+    pool: asyncpg.Pool,
+    authorization: str | None,
+    default_plan: PlanLimits | None = None,
+    now: datetime | None = None,
 ) -> Principal:
     """The principal for an Authorization header; 401 for a missing or unknown key, 403 for an
-    expired or revoked one."""
+    expired or revoked one. The org's plan, or `default_plan`, comes in the same query."""
     token = bearer_token(authorization)
     digest = hash_key(token)
     found = await admin.key_by_hash(pool, digest)
-    if found is None or not hmac.compare_digest(found[1], digest):
+    if found is None or not hmac.compare_digest(found.key_hash, digest):
         raise Unauthorized("Unauthorized: invalid API key")
-    key = found[0]
+    key = found.key
     if key.revoked_at is not None:
         raise Forbidden("Forbidden: API key revoked")
     if key.expires_at is not None and key.expires_at <= (now or datetime.now(UTC)):
         raise Forbidden("Forbidden: API key expired")
+    plan = found.plan or default_plan or PlanLimits()
     return Principal(
-        org_id=key.org_id, key_id=key.key_id, scopes=frozenset(key.scopes), redact_pii=found[2]
+        org_id=key.org_id,
+        key_id=key.key_id,
+        scopes=frozenset(key.scopes),
+        redact_pii=found.redact_pii,
+        plan=plan,
     )

@@ -21,6 +21,7 @@ import grpc
 from api_service import auth
 from api_service.core.errors import ServiceError
 from api_service.core.ids import new_id
+from api_service.limits import month_start, utc_now
 from api_service.settings import ApiSettings
 from api_service.store import admin
 from api_service.store.db import Conn, create_pool
@@ -87,6 +88,57 @@ def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
         if not await admin.set_redact_pii(conn, args.name, args.redact_pii == "on"):
             raise CliError(f"no organization named {args.name!r}")
         print(f"{args.name}: redaction of emails and phone numbers {args.redact_pii}")
+
+    with database(settings) as url:
+        asyncio.run(_with_conn(url, work))
+
+
+def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
+    async def work(conn: Conn) -> None:
+        await admin.upsert_plan(
+            conn, args.name, args.requests, args.storage_bytes, args.conversations
+        )
+        print(
+            f"plan {args.name}: {args.requests} requests/month, {args.storage_bytes} bytes, "
+            f"{args.conversations} conversations"
+        )
+
+    with database(settings) as url:
+        asyncio.run(_with_conn(url, work))
+
+
+def cmd_plan_set(settings: ApiSettings, args: argparse.Namespace) -> None:
+    plan = None if args.plan == "default" else args.plan
+
+    async def work(conn: Conn) -> None:
+        if plan is not None and not await admin.plan_exists(conn, plan):
+            raise CliError(f"no plan named {plan!r}; create it with: memctl plan create {plan}")
+        if not await admin.set_org_plan(conn, args.org, plan):
+            raise CliError(f"no organization named {args.org!r}")
+        print(f"{args.org} is on plan {args.plan}")
+
+    with database(settings) as url:
+        asyncio.run(_with_conn(url, work))
+
+
+def cmd_usage(settings: ApiSettings, args: argparse.Namespace) -> None:
+    async def work(conn: Conn) -> None:
+        org = await admin.org_by_name(conn, args.org)
+        if org is None:
+            raise CliError(f"no organization named {args.org!r}")
+        now = utc_now()
+        requests = await conn.fetchval(
+            "SELECT requests FROM usage WHERE org_id = $1 AND month = $2",
+            org.org_id,
+            month_start(now),
+        )
+        plan = await admin.plan_of(conn, org.org_id) or settings.default_plan
+        storage, conversations = await admin.org_totals(conn, org.org_id)
+        print(f"organization:  {org.name} ({org.org_id}), plan {org.plan or 'default'}")
+        print(f"month:         {now:%Y-%m} (UTC)")
+        print(f"requests:      {requests or 0} of {plan.monthly_requests}")
+        print(f"storage bytes: {storage} of {plan.storage_bytes}")
+        print(f"conversations: {conversations} of {plan.conversations}")
 
     with database(settings) as url:
         asyncio.run(_with_conn(url, work))
@@ -366,6 +418,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="also redact emails and phone numbers (secrets always are)",
     )
     org_set.set_defaults(run=cmd_org_set)
+
+    plan = sub.add_parser("plan", help="manage plans (limits)").add_subparsers(
+        dest="plan_command", required=True, metavar="ACTION"
+    )
+    plan_create = plan.add_parser("create", help="create or update a plan")
+    plan_create.add_argument("name", help="plan name")
+    plan_create.add_argument(
+        "--requests", type=int, required=True, help="API requests per UTC month (429 past it)"
+    )
+    plan_create.add_argument(
+        "--storage-bytes",
+        type=int,
+        required=True,
+        help="stored message content and metadata (402 past it)",
+    )
+    plan_create.add_argument(
+        "--conversations", type=int, required=True, help="conversations (402 past it)"
+    )
+    plan_create.set_defaults(run=cmd_plan_create)
+    plan_set = plan.add_parser("set", help="put an organization on a plan")
+    plan_set.add_argument("--org", required=True, help="organization name")
+    plan_set.add_argument(
+        "--plan", required=True, help="plan name, or 'default' for the configured default limits"
+    )
+    plan_set.set_defaults(run=cmd_plan_set)
+
+    usage = sub.add_parser("usage", help="an organization's use of its plan this month")
+    usage.add_argument("--org", required=True, help="organization name")
+    usage.set_defaults(run=cmd_usage)
 
     key = sub.add_parser("key", help="manage API keys").add_subparsers(
         dest="key_command", required=True, metavar="ACTION"

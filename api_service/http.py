@@ -9,7 +9,8 @@ from typing import Any
 import asyncpg
 
 from api_service import auth
-from api_service.core.errors import PayloadTooLarge, ServiceError, classify
+from api_service.core.errors import PayloadTooLarge, RateLimited, ServiceError, classify
+from api_service.limits import Meter, PlanLimits
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -24,21 +25,32 @@ async def send_error(send: Send, error: ServiceError) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if isinstance(error, RateLimited):
+        headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class GuardMiddleware:
-    """Refuses oversize bodies (413) and resolves the API key of every request to /mcp and
-    /api/v1 (401/403) before the request reaches a route or the MCP app. The principal is put
-    in the request state for both interfaces."""
+    """Every request to /mcp and /api/v1 passes here before a route or the MCP app sees it:
+    oversize bodies are refused (413), the API key is resolved (401/403) and the request is
+    counted by the meter. REST requests past the monthly quota get 429 here; MCP tool calls get
+    the same text as a tool error (the MCP adapter reads `rate_limited` from the request
+    state). REST responses carry the X-RateLimit headers."""
 
     def __init__(
-        self, app: ASGIApp, pool_of: Callable[[], asyncpg.Pool], max_body_bytes: int
+        self,
+        app: ASGIApp,
+        pool_of: Callable[[], asyncpg.Pool],
+        meter_of: Callable[[], Meter | None],
+        max_body_bytes: int,
+        default_plan: PlanLimits,
     ) -> None:
         self.app = app
         self._pool_of = pool_of
+        self._meter_of = meter_of
         self._max_body = max_body_bytes
+        self._default_plan = default_plan
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIXES):
@@ -51,16 +63,33 @@ class GuardMiddleware:
             return
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
-            principal = await auth.resolve(self._pool_of(), authorization)
+            principal = await auth.resolve(self._pool_of(), authorization, self._default_plan)
         except Exception as exc:
             await send_error(send, classify(exc))
             return
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        extra_headers: list[tuple[bytes, bytes]] = []
+        meter = self._meter_of()
+        if meter is not None:
+            admission = await meter.admit(principal.org_id, principal.plan.monthly_requests)
+            headers_now = admission.headers(meter.now())
+            is_rest = scope["path"].startswith("/api/v1")
+            if is_rest:
+                extra_headers = [(k.lower().encode(), v.encode()) for k, v in headers_now.items()]
+            if not admission.allowed:
+                if is_rest:
+                    await send_error(send, RateLimited(admission.message(), headers_now))
+                    return
+                state["rate_limited"] = admission.message()
         started = False
 
         async def tracking_send(message: dict[str, Any]) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+                if extra_headers:
+                    message = {**message, "headers": [*message.get("headers", []), *extra_headers]}
             await send(message)
 
         try:

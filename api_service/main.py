@@ -26,8 +26,9 @@ from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
 from api_service.indexer import Indexer
+from api_service.limits import Meter
 from api_service.mcp_server import build_mcp
-from api_service.rest import conversations, messages, search
+from api_service.rest import conversations, messages, search, usage
 from api_service.rest import errors as rest_errors
 from api_service.settings import ApiSettings
 from api_service.store.db import create_pool
@@ -47,6 +48,7 @@ class Runtime:
     embedder: EmbedClient | None = None
     index: IndexRouter | None = None
     indexer: Indexer | None = None
+    meter: Meter | None = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def require_pool(self) -> asyncpg.Pool:
@@ -103,10 +105,16 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 settings.append_index_wait_seconds,
             )
             app.state.memory = runtime.memory
+            if settings.metering_enabled:
+                runtime.meter = Meter(pool, flush_seconds=settings.meter_flush_seconds)
+                runtime.meter.start()
+            app.state.meter = runtime.meter
             try:
                 async with mcp.session_manager.run():
                     yield
             finally:
+                if runtime.meter is not None:
+                    await runtime.meter.stop()
                 await indexer.stop()
                 await embedder.close()
                 await index.close()
@@ -119,11 +127,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
     )
     rest_errors.install(app)
-    for router in (conversations.router, messages.router, search.router):
+    for router in (conversations.router, messages.router, search.router, usage.router):
         app.include_router(router, prefix=API_PREFIX)
     _add_operations(app, runtime)
     app.add_middleware(
-        GuardMiddleware, pool_of=runtime.require_pool, max_body_bytes=settings.limits.body_bytes
+        GuardMiddleware,
+        pool_of=runtime.require_pool,
+        meter_of=lambda: runtime.meter,
+        max_body_bytes=settings.limits.body_bytes,
+        default_plan=settings.default_plan,
     )
     _add_metrics(app, runtime.registry)  # added last: outermost, so refusals are counted too
     if settings.cors_origins:

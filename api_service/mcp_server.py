@@ -47,6 +47,9 @@ class MemoryMCP(MCPServer[Any]):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        refused = _request_state(context).get("rate_limited") if context else None
+        if refused:
+            return error_result(refused)
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -58,9 +61,15 @@ class MemoryMCP(MCPServer[Any]):
             return error_result(classify(cause).message)
 
 
-def _caller(ctx: Context[Any, Any]) -> Principal:
+def _request_state(ctx: Context[Any, Any]) -> dict[str, Any]:
+    """What the HTTP middleware put in the request state (principal, rate limit)."""
     request = ctx.request_context.request
-    principal = None if request is None else request.scope.get("state", {}).get("principal")
+    state: dict[str, Any] = {} if request is None else request.scope.get("state", {})
+    return state
+
+
+def _caller(ctx: Context[Any, Any]) -> Principal:
+    principal = _request_state(ctx).get("principal")
     if not isinstance(principal, Principal):
         raise Unauthorized("Unauthorized")  # unreachable behind the auth middleware
     return principal

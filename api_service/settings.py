@@ -8,6 +8,8 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from api_service.limits import PlanLimits
+
 
 class Limits(BaseModel):
     """Size limits on stored input (DESIGN.md defaults)."""
@@ -52,6 +54,10 @@ class ApiSettings(BaseSettings):
     cors_origins: list[str] = Field(default_factory=list)
     log_level: str = "INFO"
     limits: Limits = Field(default_factory=Limits)
+    # Limits of orgs without a plan of their own (`memctl plan set`).
+    default_plan: PlanLimits = Field(default_factory=PlanLimits)
+    metering_enabled: bool = True
+    meter_flush_seconds: float = 1.0
 
     @field_validator("index_shards", mode="before")
     @classmethod

@@ -11,16 +11,24 @@ import asyncpg
 
 from api_service.auth import Principal
 from api_service.core import chunking, validation, views
-from api_service.core.errors import InvalidInput, NotFound, conversation_not_found
+from api_service.core.errors import (
+    InvalidInput,
+    NotFound,
+    PaymentRequired,
+    conversation_not_found,
+)
 from api_service.core.ids import chunk_id, new_id
 from api_service.core.ports import IndexWaiter, SemanticIndex
 from api_service.core.redaction import Redactor
 from api_service.settings import Limits
+from api_service.store import admin
 from api_service.store import repository as repo
 from api_service.store.db import Conn
 from api_service.store.records import ChunkRow, NewMessage
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_TITLE = "Default memory"
 
 # Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
 RRF_K = 60
@@ -59,7 +67,8 @@ class MemoryService:
         clean_tags = validation.tags("tags", tags, limits)
         validation.metadata("metadata", metadata, limits)
         conversation_id = new_id("conv")
-        async with self._pool.acquire() as conn:
+        size = validation.stored_bytes(title, agent_id, metadata)
+        async with self._pool.acquire() as conn, conn.transaction():
             await repo.insert_conversation(
                 conn,
                 who.org_id,
@@ -68,8 +77,9 @@ class MemoryService:
                 agent_id=agent_id,
                 tags=clean_tags,
                 metadata=metadata or {},
-                storage_bytes=validation.stored_bytes(title, agent_id, metadata),
+                storage_bytes=size,
             )
+            await self._charge(conn, who, storage_bytes=size, conversations=1)
         return {"conversation_id": conversation_id}
 
     async def append_messages(
@@ -91,11 +101,15 @@ class MemoryService:
             for m in items
         )
         message_ids = [new_id("msg") for _ in items]
+        new_conversations = 0
         async with self._pool.acquire() as conn, conn.transaction():
             if conversation_id is None:
-                conversation_id = await repo.default_conversation_id(
-                    conn, who.org_id, new_id("conv"), validation.stored_bytes("Default memory")
+                default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
+                conversation_id, created = await repo.default_conversation_id(
+                    conn, who.org_id, new_id("conv"), default_size, DEFAULT_MEMORY_TITLE
                 )
+                if created:
+                    new_conversations, added_bytes = 1, added_bytes + default_size
             count = await repo.reserve_sequences(
                 conn, who.org_id, conversation_id, len(items), added_bytes
             )
@@ -105,6 +119,9 @@ class MemoryService:
             await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
             job_id = await self._rebuild_windows(
                 conn, who.org_id, conversation_id, first, count, count
+            )
+            await self._charge(
+                conn, who, storage_bytes=added_bytes, conversations=new_conversations
             )
         await self._await_indexing([job_id])
         return {
@@ -134,6 +151,7 @@ class MemoryService:
             job_id = await self._rebuild_windows(
                 conn, who.org_id, conversation_id, message.sequence, message.sequence, count
             )
+            await self._charge(conn, who, storage_bytes=delta, conversations=0)
         await self._await_indexing([job_id])
         return {"updated": True, "message": views.message(message)}
 
@@ -192,9 +210,11 @@ class MemoryService:
         so an index shard that is down converges when it is back."""
         who.require("write")
         async with self._pool.acquire() as conn, conn.transaction():
-            if not await repo.delete_conversation(conn, who.org_id, conversation_id):
+            freed = await repo.delete_conversation(conn, who.org_id, conversation_id)
+            if freed is None:
                 raise conversation_not_found()
             await repo.enqueue_index_job(conn, who.org_id, "delete", conversation_id)
+            await self._charge(conn, who, storage_bytes=-freed, conversations=-1)
         if self._indexer is not None:
             self._indexer.notify()
         return {"deleted": True}
@@ -249,6 +269,46 @@ class MemoryService:
             _result(rows[cid], score, snippet_chars) for cid, score in ranked if cid in rows
         ][:limit]
         return {"results": results, "total": len(results)}
+
+    async def usage(self, who: Principal, requests: int, month: str) -> dict[str, Any]:
+        """The org's use of its plan this month."""
+        who.require("read")
+        storage, conversations = await admin.org_totals(self._pool, who.org_id)
+        return {
+            "month": month,
+            "requests": requests,
+            "requests_limit": who.plan.monthly_requests,
+            "storage_bytes": storage,
+            "storage_bytes_limit": who.plan.storage_bytes,
+            "conversations": conversations,
+            "conversations_limit": who.plan.conversations,
+        }
+
+    async def _charge(
+        self, conn: Conn, who: Principal, *, storage_bytes: int, conversations: int
+    ) -> None:
+        """Count a write against the org's plan, or refuse it whole (402): the caller's
+        transaction rolls back, so nothing of the write is stored."""
+        plan = who.plan
+        if await repo.charge_org(
+            conn,
+            who.org_id,
+            storage_bytes=storage_bytes,
+            conversations=conversations,
+            max_storage_bytes=plan.storage_bytes,
+            max_conversations=plan.conversations,
+        ):
+            return
+        storage, count = await admin.org_totals(conn, who.org_id)
+        if conversations > 0 and count + conversations > plan.conversations:
+            raise PaymentRequired(
+                f"Conversation limit of {plan.conversations} reached; delete conversations "
+                "or move to a larger plan"
+            )
+        raise PaymentRequired(
+            f"Storage limit of {plan.storage_bytes} bytes reached ({storage} used, this write "
+            f"needs {storage_bytes} more); delete conversations or move to a larger plan"
+        )
 
     async def _rebuild_windows(
         self,

@@ -110,3 +110,13 @@ class SearchResults(BaseModel):
 class Error(BaseModel):
     error: str
     code: str
+
+
+class Usage(BaseModel):
+    month: str = Field(description="UTC month, YYYY-MM")
+    requests: int = Field(description="Requests counted this month, refused ones included")
+    requests_limit: int
+    storage_bytes: int = Field(description="Stored message content and metadata, in bytes")
+    storage_bytes_limit: int
+    conversations: int
+    conversations_limit: int

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
+from api_service.limits import PlanLimits
 from api_service.store.db import Conn
 from api_service.store.records import ApiKey, Org
 
@@ -63,24 +65,50 @@ async def insert_key(
     return ApiKey(**dict(row))
 
 
-async def key_by_hash(
-    conn: Conn | asyncpg.Pool, key_hash: bytes
-) -> tuple[ApiKey, bytes, bool] | None:
-    """The key with this sha256 digest, the stored digest (for a constant-time check), and
-    whether its org redacts personal data."""
+@dataclass(frozen=True, slots=True)
+class KeyMatch:
+    """A key found by its digest, with what a request needs of its org."""
+
+    key: ApiKey
+    key_hash: bytes
+    redact_pii: bool
+    # The org's plan limits; None where the org has no plan (the configured default applies).
+    plan: PlanLimits | None
+
+
+async def key_by_hash(conn: Conn | asyncpg.Pool, key_hash: bytes) -> KeyMatch | None:
+    """The key with this sha256 digest and its org's settings, in one round trip."""
     row = await conn.fetchrow(
         f"""SELECT {", ".join("k." + c.strip() for c in _KEY_COLUMNS.split(","))},
-                   k.key_hash, o.redact_pii
-              FROM api_keys k JOIN orgs o USING (org_id)
+                   k.key_hash, o.redact_pii, p.monthly_requests, p.storage_bytes,
+                   p.max_conversations
+              FROM api_keys k
+              JOIN orgs o USING (org_id)
+              LEFT JOIN plans p ON p.name = o.plan
              WHERE k.key_hash = $1""",
         key_hash,
     )
     if row is None:
         return None
     values = dict(row)
-    stored: bytes = values.pop("key_hash")
-    redact_pii: bool = values.pop("redact_pii")
-    return ApiKey(**values), stored, redact_pii
+    requests, storage, conversations = (
+        values.pop("monthly_requests"),
+        values.pop("storage_bytes"),
+        values.pop("max_conversations"),
+    )
+    plan = (
+        None
+        if requests is None
+        else PlanLimits(
+            monthly_requests=requests, storage_bytes=storage, conversations=conversations
+        )
+    )
+    return KeyMatch(
+        key_hash=values.pop("key_hash"),
+        redact_pii=values.pop("redact_pii"),
+        plan=plan,
+        key=ApiKey(**values),
+    )
 
 
 async def revoke_key(conn: Conn, key_id: str) -> ApiKey | None:
@@ -98,3 +126,51 @@ async def list_keys(conn: Conn, org_id: str) -> list[ApiKey]:
         org_id,
     )
     return [ApiKey(**dict(r)) for r in rows]
+
+
+async def upsert_plan(
+    conn: Conn, name: str, monthly_requests: int, storage_bytes: int, conversations: int
+) -> None:
+    await conn.execute(
+        """INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (name) DO UPDATE SET monthly_requests = excluded.monthly_requests,
+               storage_bytes = excluded.storage_bytes,
+               max_conversations = excluded.max_conversations""",
+        name,
+        monthly_requests,
+        storage_bytes,
+        conversations,
+    )
+
+
+async def set_org_plan(conn: Conn, org_name: str, plan: str | None) -> bool:
+    """Put the org on `plan` (None: the configured default); False if no such org."""
+    done = await conn.fetchval(
+        "UPDATE orgs SET plan = $2 WHERE name = $1 RETURNING org_id", org_name, plan
+    )
+    return done is not None
+
+
+async def plan_exists(conn: Conn, name: str) -> bool:
+    return bool(await conn.fetchval("SELECT 1 FROM plans WHERE name = $1", name))
+
+
+async def org_totals(conn: Conn | asyncpg.Pool, org_id: str) -> tuple[int, int]:
+    """(stored bytes, conversations) of the org."""
+    row = await conn.fetchrow(
+        "SELECT storage_bytes, conversation_count FROM orgs WHERE org_id = $1", org_id
+    )
+    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+
+async def plan_of(conn: Conn, org_id: str) -> PlanLimits | None:
+    """The org's plan, or None when it has none (the configured default applies)."""
+    row = await conn.fetchrow(
+        """SELECT p.monthly_requests, p.storage_bytes, p.max_conversations
+             FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.org_id = $1""",
+        org_id,
+    )
+    if row is None:
+        return None
+    return PlanLimits(monthly_requests=row[0], storage_bytes=row[1], conversations=row[2])

@@ -57,21 +57,27 @@ async def insert_conversation(
     )
 
 
-async def default_conversation_id(conn: Conn, org_id: str, new_id: str, storage_bytes: int) -> str:
-    """The org's default memory, created on first use."""
-    await conn.execute(
+async def default_conversation_id(
+    conn: Conn, org_id: str, new_id: str, storage_bytes: int, title: str
+) -> tuple[str, bool]:
+    """The org's default memory, created on first use; True when created now."""
+    created = await conn.fetchval(
         """INSERT INTO conversations
                (org_id, conversation_id, title, metadata, is_default, storage_bytes)
-           VALUES ($1, $2, 'Default memory', '{"default": true}'::jsonb, true, $3)
-           ON CONFLICT (org_id) WHERE is_default DO NOTHING""",
+           VALUES ($1, $2, $4, '{"default": true}'::jsonb, true, $3)
+           ON CONFLICT (org_id) WHERE is_default DO NOTHING
+           RETURNING conversation_id""",
         org_id,
         new_id,
         storage_bytes,
+        title,
     )
+    if created is not None:
+        return str(created), True
     found: str = await conn.fetchval(
         "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
     )
-    return found
+    return found, False
 
 
 async def get_conversation(conn: Conn, org_id: str, conversation_id: str) -> Conversation | None:
@@ -111,15 +117,44 @@ async def list_conversations(
     return [_conversation(r) for r in rows], total
 
 
-async def delete_conversation(conn: Conn, org_id: str, conversation_id: str) -> bool:
-    """Delete the conversation; messages and chunks go with it (ON DELETE CASCADE)."""
-    deleted = await conn.fetchval(
+async def delete_conversation(conn: Conn, org_id: str, conversation_id: str) -> int | None:
+    """Delete the conversation (messages and chunks go with it, ON DELETE CASCADE); return the
+    bytes it held, or None if there was no such conversation."""
+    freed: int | None = await conn.fetchval(
         "DELETE FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
-        "RETURNING conversation_id",
+        "RETURNING storage_bytes",
         org_id,
         conversation_id,
     )
-    return deleted is not None
+    return freed
+
+
+async def charge_org(
+    conn: Conn,
+    org_id: str,
+    *,
+    storage_bytes: int,
+    conversations: int,
+    max_storage_bytes: int,
+    max_conversations: int,
+) -> bool:
+    """Add to the org's totals unless a growing total would pass its limit; False if refused.
+
+    Run it last in a write's transaction: it holds the org row's lock until commit."""
+    done = await conn.fetchval(
+        """UPDATE orgs SET storage_bytes = storage_bytes + $2,
+                           conversation_count = conversation_count + $3
+            WHERE org_id = $1
+              AND ($2 <= 0 OR storage_bytes + $2 <= $4)
+              AND ($3 <= 0 OR conversation_count + $3 <= $5)
+        RETURNING org_id""",
+        org_id,
+        storage_bytes,
+        conversations,
+        max_storage_bytes,
+        max_conversations,
+    )
+    return done is not None
 
 
 async def reserve_sequences(

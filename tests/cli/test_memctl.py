@@ -87,3 +87,31 @@ def test_help_documents_every_command(database_url: str) -> None:
     up = memctl(database_url, "up", "--help")
     for option in ("--port", "--embedder", "--timeout"):
         assert option in up.stdout
+
+
+def test_plans_and_usage(database_url: str) -> None:
+    assert memctl(database_url, "org", "create", "beta").returncode == 0
+    usage = memctl(database_url, "usage", "--org", "beta")
+    assert usage.returncode == 0, usage.stderr
+    assert "plan default" in usage.stdout and "requests:      0 of 1000000" in usage.stdout
+    made = memctl(
+        database_url,
+        "plan",
+        "create",
+        "small",
+        "--requests",
+        "100",
+        "--storage-bytes",
+        "5000",
+        "--conversations",
+        "3",
+    )
+    assert made.returncode == 0, made.stderr
+    moved = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "small")
+    assert moved.returncode == 0 and "small" in moved.stdout
+    usage = memctl(database_url, "usage", "--org", "beta")
+    assert "requests:      0 of 100" in usage.stdout
+    assert "storage bytes: 0 of 5000" in usage.stdout
+    assert "conversations: 0 of 3" in usage.stdout
+    missing = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "nope")
+    assert missing.returncode == 1 and "memctl plan create nope" in missing.stderr

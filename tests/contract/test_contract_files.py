@@ -55,7 +55,7 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
     assert (get["message_limit"]["default"], get["message_limit"]["maximum"]) == (100, 500)
 
 
-def test_openapi_has_the_seven_operations() -> None:
+def test_openapi_has_the_seven_operations_and_usage() -> None:
     paths = live_openapi()["paths"]
     operations = {(method.upper(), path) for path, ops in paths.items() for method in ops}
     assert operations == {
@@ -66,6 +66,7 @@ def test_openapi_has_the_seven_operations() -> None:
         ("POST", "/api/v1/messages"),
         ("PATCH", "/api/v1/conversations/{conversation_id}/messages/{message_id}"),
         ("GET", "/api/v1/search"),
+        ("GET", "/api/v1/usage"),
     }
 
 

@@ -1,0 +1,153 @@
+"""Plans and the meter on both interfaces: 429 past the monthly quota, 402 past storage or
+conversation limits with nothing stored, and the usage the org can see."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import asyncpg
+
+from tests.api.harness import Service
+
+
+async def _set_plan(
+    service: Service, org_id: str, *, requests: int = 1000, storage: int = 10**9, convs: int = 100
+) -> None:
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        name = f"plan_{org_id}"
+        await conn.execute(
+            "INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations) "
+            "VALUES ($1, $2, $3, $4)",
+            name,
+            requests,
+            storage,
+            convs,
+        )
+        await conn.execute("UPDATE orgs SET plan = $2 WHERE org_id = $1", org_id, name)
+    finally:
+        await conn.close()
+
+
+async def _set_used(service: Service, org_id: str, requests: int) -> None:
+    now = datetime.now(UTC)
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        await conn.execute(
+            "INSERT INTO usage (org_id, month, requests) VALUES ($1, $2, $3)",
+            org_id,
+            now.date().replace(day=1),
+            requests,
+        )
+    finally:
+        await conn.close()
+
+
+async def test_ten_left_fifty_concurrent_exactly_ten_pass(service: Service) -> None:
+    org_id, key = await service.org_with_key()
+    await _set_plan(service, org_id, requests=100)
+    await _set_used(service, org_id, 90)
+    async with service.rest(key) as http:
+        responses = await asyncio.gather(*(http.get("/api/v1/conversations") for _ in range(50)))
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) == 10 and statuses.count(429) == 40
+    ok = next(r for r in responses if r.status_code == 200)
+    assert ok.headers["X-RateLimit-Limit"] == "100"
+    assert 0 <= int(ok.headers["X-RateLimit-Remaining"]) <= 9
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["code"] == "rate_limited"
+    assert "Monthly request quota of 100 reached" in refused.json()["error"]
+    assert int(refused.headers["Retry-After"]) > 0
+    assert refused.headers["X-RateLimit-Remaining"] == "0"
+    reset = int(refused.headers["X-RateLimit-Reset"])
+    assert datetime.fromtimestamp(reset, UTC).day == 1
+
+    async with service.mcp(key) as mcp:  # MCP: the same text as a tool error
+        assert await mcp.error("list_conversations") == refused.json()["error"]
+
+
+async def test_storage_limit_refuses_the_whole_write(service: Service) -> None:
+    org_id, key = await service.org_with_key()
+    await _set_plan(service, org_id, storage=400)
+    async with service.rest(key) as http:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        r = await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "user", "content": "a" * 300}]},
+        )
+        assert r.status_code == 200
+        before = (await http.get(f"/api/v1/conversations/{cid}")).json()
+        usage_before = (await http.get("/api/v1/usage")).json()
+        r = await http.post(
+            "/api/v1/messages",
+            json={
+                "conversation_id": cid,
+                "messages": [
+                    {"role": "user", "content": "b" * 50},
+                    {"role": "user", "content": "c" * 60},
+                ],
+            },
+        )
+        assert r.status_code == 402, r.text
+        assert r.json()["code"] == "limit_reached" and "Storage limit of 400" in r.json()["error"]
+        after = (await http.get(f"/api/v1/conversations/{cid}")).json()
+        assert after == before  # no message, no count change, no updated_at change
+        usage_after = (await http.get("/api/v1/usage")).json()
+        assert usage_after["storage_bytes"] == usage_before["storage_bytes"] == 300
+        async with service.mcp(key) as mcp:
+            message = await mcp.error(
+                "append_messages",
+                conversation_id=cid,
+                messages=[{"role": "user", "content": "d" * 200}],
+            )
+            assert message == r.json()["error"].replace("110 more", "200 more")
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        assert (
+            await conn.fetchval("SELECT count(*) FROM chunks WHERE conversation_id = $1", cid) == 1
+        )
+        assert (
+            await conn.fetchval("SELECT count(*) FROM messages WHERE conversation_id = $1", cid)
+            == 1
+        )
+    finally:
+        await conn.close()
+
+
+async def test_conversation_limit_and_usage(service: Service) -> None:
+    org_id, key = await service.org_with_key()
+    await _set_plan(service, org_id, convs=2, requests=500)
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        first = (await http.post("/api/v1/conversations", json={"title": "ab"})).json()
+        await mcp.ok("create_conversation")
+        r = await http.post("/api/v1/conversations", json={})
+        assert r.status_code == 402 and "Conversation limit of 2" in r.json()["error"]
+        assert await mcp.error("create_conversation") == r.json()["error"]
+        r = await http.post(
+            "/api/v1/messages",
+            json={
+                "messages": [  # the default memory too
+                    {"role": "user", "content": "x"}
+                ]
+            },
+        )
+        assert r.status_code == 402
+        assert (await http.get("/api/v1/conversations")).json()["total"] == 2
+
+        await http.delete(f"/api/v1/conversations/{first['conversation_id']}")
+        assert (await http.post("/api/v1/conversations", json={})).status_code == 201
+        usage = (await http.get("/api/v1/usage")).json()
+    assert usage["conversations"] == 2 and usage["conversations_limit"] == 2
+    assert usage["requests_limit"] == 500 and usage["storage_bytes_limit"] == 10**9
+    assert usage["month"] == datetime.now(UTC).strftime("%Y-%m")
+    assert usage["requests"] >= 9  # every request so far counted, refused ones too
+    assert set(usage) == {
+        "month",
+        "requests",
+        "requests_limit",
+        "storage_bytes",
+        "storage_bytes_limit",
+        "conversations",
+        "conversations_limit",
+    }
