@@ -24,7 +24,10 @@ def load_embedder(settings: EmbedSettings) -> Embedder:
 
     folder = settings.model_dir or ensure_model_folder(settings.model_cache_dir)
     device = pick_device(settings.device)
-    embedder = TransformerEmbedder(folder, device=device, threads=settings.torch_threads)
+    fused = {"auto": None, "on": True, "off": False}[settings.fused_attention]
+    embedder = TransformerEmbedder(
+        folder, device=device, threads=settings.torch_threads, fused_attention=fused
+    )
     # One small batch first, so that the first caller does not pay for lazy initialization.
     embedder.embed(embedder.tokenize(["warm-up"]))
     return embedder

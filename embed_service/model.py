@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from embed_service import mpnet_sdpa
 from embed_service.assembly import MODEL_NAME
 from embed_service.embedder import TokenIds, Vectors
 
@@ -42,8 +43,18 @@ def pick_device(requested: str) -> str:
 class TransformerEmbedder:
     """The sentence-transformers recipe of all-mpnet-base-v2 on plain transformers."""
 
-    def __init__(self, folder: Path, device: str = "cpu", threads: int | None = None) -> None:
-        """Load tokenizer and weights from `folder`; never contacts a model hub."""
+    def __init__(
+        self,
+        folder: Path,
+        device: str = "cpu",
+        threads: int | None = None,
+        fused_attention: bool | None = None,
+    ) -> None:
+        """Load tokenizer and weights from `folder`; never contacts a model hub.
+
+        `fused_attention` (default: on for CUDA, off for the CPU) runs the encoder through
+        `mpnet_sdpa` instead of transformers' eager attention.
+        """
         from transformers import AutoModel  # imported here: it is slow and only this needs it
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -61,9 +72,16 @@ class TransformerEmbedder:
         self._pad_id = 1 if pad_id is None else pad_id
         model: Any = AutoModel.from_pretrained(folder, local_files_only=True, dtype=dtype)
         self._model: torch.nn.Module = model.to(self._device).eval()
+        self._fused = device == "cuda" if fused_attention is None else fused_attention
         self._dim = int(model.config.hidden_size)
         self._params = sum(p.numel() for p in model.parameters())
-        log.info("loaded %s on %s (%s)", MODEL_NAME, device, str(dtype).removeprefix("torch."))
+        log.info(
+            "loaded %s on %s (%s, %s attention)",
+            MODEL_NAME,
+            device,
+            str(dtype).removeprefix("torch."),
+            "fused" if self._fused else "eager",
+        )
 
     @property
     def name(self) -> str:
@@ -111,7 +129,12 @@ class TransformerEmbedder:
             input_ids = input_ids.pin_memory().to(self._device, non_blocking=True)
             attention = attention.pin_memory().to(self._device, non_blocking=True)
         with torch.inference_mode():
-            hidden = self._model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            if self._fused:
+                hidden = mpnet_sdpa.encode(self._model, input_ids, attention)
+            else:
+                hidden = self._model(
+                    input_ids=input_ids, attention_mask=attention
+                ).last_hidden_state
             weights = attention.unsqueeze(-1).to(torch.float32)
             # Pool in fp32: summing up to 384 bf16 rows loses precision otherwise.
             pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1).clamp(

@@ -35,6 +35,11 @@ class EmbedSettings(BaseSettings):
         "e.g. one baked into an image",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    fused_attention: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="fused (SDPA) attention instead of transformers' eager one; "
+        "auto: on for cuda, off for cpu",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads for the model; default: all cores"
     )

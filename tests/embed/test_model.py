@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from embed_service.assembly import WEIGHTS_SHA256
 from embed_service.model import MAX_TOKENS, TransformerEmbedder
@@ -59,3 +60,21 @@ def test_assembled_folder_is_verified(real_model: TransformerEmbedder) -> None:
     folder = ensure_model_folder(REPO_ROOT / "var" / "models")
     assert sha256_of(folder / "model.safetensors") == WEIGHTS_SHA256
     assert real_model.name == "all-mpnet-base-v2"
+
+
+def test_fused_attention_matches_transformers(real_model: TransformerEmbedder) -> None:
+    from embed_service import mpnet_sdpa
+
+    texts = ["short", "[user]: where is the station?\n[assistant]: Two blocks north. " * 6]
+    ids = real_model.tokenize(texts)
+    width = max(len(i) for i in ids)
+    input_ids = torch.ones((len(ids), width), dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = torch.from_numpy(seq)
+        mask[row, : len(seq)] = 1
+    with torch.inference_mode():
+        eager = real_model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        fused = mpnet_sdpa.encode(real_model.model, input_ids, mask)
+    real = mask.unsqueeze(-1).bool().expand_as(eager)
+    torch.testing.assert_close(fused[real], eager[real], atol=1e-4, rtol=1e-4)
