@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from index_service.device import resolve_device
-from index_service.native import single_threaded_numpy_blas
+from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
 from index_service.rebuild import OrgRows, PostgresSource
 from index_service.registry import Registry
 from index_service.routing import routing_epoch, shard_for
@@ -44,14 +44,14 @@ class IndexServer:
         registry: Registry,
         servicer: IndexServicer,
         source: PostgresSource | None,
-        executor: ThreadPoolExecutor,
+        executors: list[ThreadPoolExecutor],
     ) -> None:
         self._server = server
         self.port = port
         self.registry = registry
         self.servicer = servicer
         self._source = source
-        self._executor = executor
+        self._executors = executors
         self._preload: asyncio.Task[None] | None = None
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -64,7 +64,8 @@ class IndexServer:
         await self.registry.close()
         if self._source is not None:
             await self._source.close()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        for executor in self._executors:
+            executor.shutdown(wait=True, cancel_futures=True)
 
     async def wait_ready(self) -> None:
         """Wait until the orgs this shard owns are loaded."""
@@ -92,9 +93,12 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     if settings.shard_name and settings.shard_name not in settings.shards:
         raise ValueError(f"INDEX_SHARD_NAME {settings.shard_name!r} is not in INDEX_SHARDS")
     device = resolve_device(settings.device)
-    executor = ThreadPoolExecutor(
-        max_workers=settings.search_threads or os.cpu_count() or 1,
-        thread_name_prefix="index",
+    cores = os.cpu_count() or 1
+    work = ThreadPoolExecutor(max_workers=max(2, cores), thread_name_prefix="index-work")
+    searches = ThreadPoolExecutor(
+        max_workers=settings.search_threads or cores,
+        thread_name_prefix="index-search",
+        initializer=single_threaded_faiss,
     )
     source: PostgresSource | None = None
     if settings.database_url:
@@ -104,7 +108,8 @@ async def start_server(settings: IndexSettings) -> IndexServer:
         log.warning("no database configured: orgs start empty and are lost on restart")
     registry = Registry(
         source or EmptySource(settings.dim),
-        executor,
+        work,
+        searches,
         flat_threshold=settings.flat_threshold,
         target_recall=settings.target_recall,
     )
@@ -117,7 +122,7 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     index_pb2_grpc.add_IndexServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     await server.start()
-    shard = IndexServer(server, port, registry, servicer, source, executor)
+    shard = IndexServer(server, port, registry, servicer, source, [work, searches])
     shard._preload = asyncio.create_task(shard._run_preload(settings))
     log.info("index_service listening on %s:%d (device %s)", settings.host, port, device)
     return shard

@@ -49,3 +49,15 @@ def single_threaded_numpy_blas() -> bool:
                 setter(1)
                 return True
     return False
+
+
+def single_threaded_faiss() -> None:
+    """Run this thread's FAISS calls on one OpenMP thread (the setting is per thread).
+
+    Used by the search threads: one query gains little from splitting, and an OpenMP region
+    waits for all its threads, so a busy machine turns every descheduled helper into tail
+    latency. Build threads keep the default and use every core.
+    """
+    import faiss
+
+    faiss.omp_set_num_threads(1)

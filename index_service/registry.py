@@ -49,18 +49,24 @@ class Stats:
 
 class Registry:
     """Holds each org's index; every operation on an org runs on a worker thread with that
-    org's lock held, so searches see every write that finished before them."""
+    org's lock held, so searches see every write that finished before them.
+
+    Searches run on their own pool (`searches`, single-threaded FAISS), loads, rebuilds and
+    writes on `work` (multi-threaded FAISS), so a long rebuild never holds up a search thread.
+    """
 
     def __init__(
         self,
         source: Source,
-        executor: Executor,
+        work: Executor,
+        searches: Executor,
         *,
         flat_threshold: int,
         target_recall: float,
     ) -> None:
         self._source = source
-        self._executor = executor
+        self._work = work
+        self._searches = searches
         self._flat_threshold = flat_threshold
         self._target_recall = target_recall
         self._orgs: dict[str, _Org] = {}
@@ -99,7 +105,10 @@ class Registry:
     ) -> list[Hit]:
         """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any."""
         org = await self._ensure(org_id, epoch)
-        return await self._locked(org, org.index.search, query, k, conversation_ids)
+        async with org.lock:
+            return await self._run(
+                org.index.search, query, k, conversation_ids, executor=self._searches
+            )
 
     async def drop(self, org_id: str) -> int:
         """Forget an org's index (not its rows: PostgreSQL is not written here)."""
@@ -235,6 +244,12 @@ class Registry:
         async with org.lock:
             return await self._run(fn, *args)
 
-    async def _run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    async def _run(
+        self,
+        fn: Callable[..., T],
+        *args: object,
+        executor: Executor | None = None,
+        **kwargs: object,
+    ) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(executor or self._work, lambda: fn(*args, **kwargs))

@@ -92,12 +92,17 @@ def free_port() -> int:
 class Shard:
     """A `python -m index_service` subprocess and a blocking client."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_path: Path) -> None:
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
-        env.update(INDEX_PORT=str(port), INDEX_LOG_LEVEL="WARNING")
+        env.update(INDEX_PORT=str(port), INDEX_LOG_LEVEL="INFO")
         env.pop("INDEX_DATABASE_URL", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "index_service"], cwd=ROOT, env=env)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # The shard's log (index builds: lists, calibrated nprobe, times) goes with the results.
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "index_service"], cwd=ROOT, env=env, stderr=self._log
+        )
         opts = [("grpc.max_send_message_length", 64 << 20)]
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
         self.stub = index_pb2_grpc.IndexServiceStub(self.channel)
@@ -115,6 +120,7 @@ class Shard:
         self.channel.close()
         self.proc.terminate()
         self.proc.wait(30)
+        self._log.close()
 
 
 def bench_shard(
@@ -303,7 +309,7 @@ def main() -> None:
     vectors = mixture(max(sizes), rng, centers, spread=1.0)
     queries = mixture(args.queries, rng, centers, spread=1.4)
     rows: list[dict[str, Any]] = []
-    shard = Shard()
+    shard = Shard(args.out / f"{args.machine}-shard.log")
     pg_dir = Path(tempfile.mkdtemp(prefix="bench_pg_"))
     pg_server = None
     try:
