@@ -8,6 +8,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -109,3 +112,40 @@ async def resolve(
         redact_pii=found.redact_pii,
         plan=plan,
     )
+
+
+class FailedAuthThrottle:
+    """Slows key guessing: a client (IP address) with `max_failures` failed authentications
+    within `window_seconds` is refused with 429 until the oldest failure leaves the window,
+    without a database lookup."""
+
+    def __init__(
+        self,
+        max_failures: int = 20,
+        window_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max = max_failures
+        self._window = window_seconds
+        self._clock = clock
+        self._failures: dict[str, deque[float]] = {}
+
+    def retry_after(self, client: str) -> float:
+        """Seconds until `client` may try again; 0 when it may now."""
+        failures = self._failures.get(client)
+        if not failures:
+            return 0.0
+        now = self._clock()
+        while failures and failures[0] <= now - self._window:
+            failures.popleft()
+        if not failures:
+            del self._failures[client]
+            return 0.0
+        if len(failures) < self._max:
+            return 0.0
+        return failures[0] + self._window - now
+
+    def failed(self, client: str) -> None:
+        self._failures.setdefault(client, deque()).append(self._clock())
+        if len(self._failures) > 100_000:  # bound memory under a spray of addresses
+            self._failures.pop(next(iter(self._failures)))

@@ -9,7 +9,14 @@ from typing import Any
 import asyncpg
 
 from api_service import auth
-from api_service.core.errors import PayloadTooLarge, RateLimited, ServiceError, classify
+from api_service.core.errors import (
+    Forbidden,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceError,
+    Unauthorized,
+    classify,
+)
 from api_service.limits import Meter, PlanLimits
 
 Scope = dict[str, Any]
@@ -45,8 +52,10 @@ class GuardMiddleware:
         meter_of: Callable[[], Meter | None],
         max_body_bytes: int,
         default_plan: PlanLimits,
+        throttle: auth.FailedAuthThrottle,
     ) -> None:
         self.app = app
+        self._throttle = throttle
         self._pool_of = pool_of
         self._meter_of = meter_of
         self._max_body = max_body_bytes
@@ -62,10 +71,25 @@ class GuardMiddleware:
             await send_error(send, self._too_large())
             return
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+        client = (scope.get("client") or ("unknown", 0))[0]
+        wait = self._throttle.retry_after(client)
+        if wait > 0:
+            seconds = str(max(1, round(wait)))
+            await send_error(
+                send,
+                RateLimited(
+                    f"Too many failed authentication attempts; retry in {seconds}s",
+                    {"Retry-After": seconds},
+                ),
+            )
+            return
         try:
             principal = await auth.resolve(self._pool_of(), authorization, self._default_plan)
         except Exception as exc:
-            await send_error(send, classify(exc))
+            error = classify(exc)
+            if isinstance(error, Unauthorized | Forbidden):
+                self._throttle.failed(client)
+            await send_error(send, error)
             return
         state = scope.setdefault("state", {})
         state["principal"] = principal

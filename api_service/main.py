@@ -22,6 +22,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from api_service.auth import FailedAuthThrottle
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
@@ -136,6 +137,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         meter_of=lambda: runtime.meter,
         max_body_bytes=settings.limits.body_bytes,
         default_plan=settings.default_plan,
+        throttle=FailedAuthThrottle(settings.auth_failures_per_minute, window_seconds=60.0),
     )
     _add_metrics(app, runtime.registry)  # added last: outermost, so refusals are counted too
     if settings.cors_origins:

@@ -56,6 +56,8 @@ class ApiSettings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     # Limits of orgs without a plan of their own (`memctl plan set`).
     default_plan: PlanLimits = Field(default_factory=PlanLimits)
+    # Failed authentications per client address and minute before it gets 429s.
+    auth_failures_per_minute: int = 20
     metering_enabled: bool = True
     meter_flush_seconds: float = 1.0
 

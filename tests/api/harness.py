@@ -139,6 +139,7 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
     service: Service | None = None
     embed = await start_embed(EmbedSettings(port=0, backend="hashing"))
     index = await start_index(IndexSettings(port=0, database_url=database_url))
+    overrides.setdefault("auth_failures_per_minute", 10_000)  # tests fail auth on purpose
     settings = ApiSettings(
         database_url=database_url,
         embed_address=f"127.0.0.1:{embed.port}",

@@ -6,7 +6,7 @@ import httpx
 import httpx2
 import pytest
 
-from tests.api.harness import Service
+from tests.api.harness import Service, running_service
 
 REST_CALLS = [
     ("GET", "/api/v1/conversations", None),
@@ -150,3 +150,17 @@ async def test_org_b_never_sees_org_a(service: Service, interface: str) -> None:
     async with service.rest(key_a) as http:  # A's data is untouched
         got = (await http.get(f"/api/v1/conversations/{cid}")).json()
         assert [m["content"] for m in got["messages"]] == ["secret plan about zeppelins"]
+
+
+async def test_failed_authentication_is_throttled_per_client(database_url: str) -> None:
+    async with running_service(database_url, auth_failures_per_minute=3) as service:
+        _, key = await service.org_with_key()
+        async with httpx.AsyncClient(base_url=service.base_url) as http:
+            bad = {"Authorization": "Bearer cmk_guess"}
+            statuses = [
+                (await http.get("/api/v1/conversations", headers=bad)).status_code for _ in range(4)
+            ]
+            assert statuses == [401, 401, 401, 429]
+            r = await http.get("/api/v1/conversations", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+            assert "failed authentication" in r.json()["error"]
