@@ -1,7 +1,9 @@
 """Embedding throughput: the raw model loop against the gRPC service, in one run.
 
 Texts are chunks of 5 chat messages (window 5, stride 3, one `[role]: content` line per
-message, as the service stores them) from LongMemEval, kept when they are 150-250 tokens long.
+message, as the service stores them) from LongMemEval. Its messages are long (5 whole ones are
+mostly past the model's 384 tokens), so each message is cut to its first 30 words, and chunks
+of 150-250 tokens (about 200) are kept.
 The raw loop tokenizes, sorts by length and embeds batches with the service's own batch limits;
 the service runs as a separate process (`python -m embed_service`) on loopback and is driven by
 closed-loop clients at several concurrencies. Results go to results/ as JSON, CSV and PNG.
@@ -46,6 +48,10 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _clip(content: str, words: int = 30) -> str:
+    return " ".join(content.split()[:words])
+
+
 def load_chunks(path: Path, limit: int) -> list[str]:
     """Chunk texts of 5 messages (stride 3) from the conversations file."""
     chunks: list[str] = []
@@ -54,7 +60,7 @@ def load_chunks(path: Path, limit: int) -> list[str]:
             messages = json.loads(line)["messages"]
             for start in range(0, max(len(messages) - 2, 1), 3):
                 window = messages[start : start + 5]
-                chunks.append("\n".join(f"[{m['role']}]: {m['content']}" for m in window))
+                chunks.append("\n".join(f"[{m['role']}]: {_clip(m['content'])}" for m in window))
             if len(chunks) >= limit:
                 break
     return chunks
@@ -63,7 +69,8 @@ def load_chunks(path: Path, limit: int) -> list[str]:
 def pick_texts(model: TransformerEmbedder, chunks: list[str], count: int) -> list[str]:
     """`count` texts of 150-250 tokens (about 200), repeating the pool when it is short."""
     lengths = [len(ids) for ids in model.tokenize(chunks)]
-    pool = [c for c, n in zip(chunks, lengths, strict=True) if 150 <= n <= 250]
+    pool = list(dict.fromkeys(c for c, n in zip(chunks, lengths, strict=True) if 150 <= n <= 250))
+    log(f"{len(pool)} distinct chunks of 150-250 tokens")
     if not pool:
         raise SystemExit("no chunk of 150-250 tokens in the data")
     return [pool[i % len(pool)] for i in range(count)]
