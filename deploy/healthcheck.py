@@ -43,13 +43,17 @@ def check_grpc(kind: str, address: str, live: bool, timeout: float = TIMEOUT_S) 
     try:
         with grpc.insecure_channel(address) as channel:
             if kind == "embed":
-                ready = embed_pb2_grpc.EmbedServiceStub(channel).Health(
-                    embed_pb2.HealthRequest(), timeout=timeout
-                ).ready
+                ready = (
+                    embed_pb2_grpc.EmbedServiceStub(channel)
+                    .Health(embed_pb2.HealthRequest(), timeout=timeout)
+                    .ready
+                )
             else:
-                ready = index_pb2_grpc.IndexServiceStub(channel).Health(
-                    index_pb2.IndexHealthRequest(), timeout=timeout
-                ).ready
+                ready = (
+                    index_pb2_grpc.IndexServiceStub(channel)
+                    .Health(index_pb2.IndexHealthRequest(), timeout=timeout)
+                    .ready
+                )
     except grpc.RpcError as exc:
         code = exc.code().name if isinstance(exc, grpc.Call) else type(exc).__name__
         return f"{kind} at {address}: {code}"
