@@ -89,6 +89,8 @@ class MemoryService:
         them for indexing, all in one transaction. `conversation_id=None` means the org's
         default memory. Waits, bounded, for the chunks to be indexed."""
         who.require("write")
+        if conversation_id is not None:
+            _known_shape(conversation_id)
         redactor = Redactor(pii=who.redact_pii)
         items = [
             replace(
@@ -135,6 +137,9 @@ class MemoryService:
     ) -> dict[str, Any]:
         """Replace a message's content in place and rebuild the windows that contain it."""
         who.require("write")
+        _known_shape(conversation_id)
+        if not validation.is_id(message_id):
+            raise NotFound("Message not found")
         validation.text("content", content, self._limits.content_chars, required=True)
         content = Redactor(pii=who.redact_pii).redact(content)[0]
         async with self._pool.acquire() as conn, conn.transaction():
@@ -159,6 +164,7 @@ class MemoryService:
         self, who: Principal, conversation_id: str, *, message_limit: int, message_offset: int
     ) -> dict[str, Any]:
         who.require("read")
+        _known_shape(conversation_id)
         _bounds("message_limit", message_limit, 1, 500)
         _bounds("message_offset", message_offset, 0, None)
         async with self._pool.acquire() as conn:
@@ -192,6 +198,7 @@ class MemoryService:
         if order not in ("asc", "desc"):
             raise InvalidInput("order must be asc or desc")
         clean_tags = validation.tags("tags", tags, self._limits)
+        validation.text("agent_id", agent_id, self._limits.agent_id_chars)
         async with self._pool.acquire() as conn:
             rows, total = await repo.list_conversations(
                 conn,
@@ -209,6 +216,7 @@ class MemoryService:
         """Delete the conversation, its messages and chunks; its vectors go through the outbox,
         so an index shard that is down converges when it is back."""
         who.require("write")
+        _known_shape(conversation_id)
         async with self._pool.acquire() as conn, conn.transaction():
             freed = await repo.delete_conversation(conn, who.org_id, conversation_id)
             if freed is None:
@@ -240,6 +248,9 @@ class MemoryService:
         _bounds("limit", limit, 1, 50)
         _bounds("snippet_chars", snippet_chars, len(chunking.TRUNCATION_SUFFIX) + 1, 5000)
         clean_tags = validation.tags("tags", tags, self._limits)
+        validation.text("project", project, self._limits.title_chars)
+        if conversation_id is not None:
+            _known_shape(conversation_id)
         allowed: list[str] | None = None
         async with self._pool.acquire() as conn:
             if conversation_id is not None or clean_tags or project is not None:
@@ -350,6 +361,12 @@ class MemoryService:
             log.warning(
                 "indexing not done within %.1fs; continuing in the background", self._append_wait
             )
+
+
+def _known_shape(conversation_id: str) -> None:
+    """An id this service could not have issued is not found, like any unknown id."""
+    if not validation.is_id(conversation_id):
+        raise conversation_not_found()
 
 
 def _bounds(name: str, value: int, low: int, high: int | None) -> None:

@@ -13,6 +13,13 @@ from api_service.store.records import NewMessage
 
 ROLES = ("user", "assistant", "system", "tool")
 _TAG = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+METADATA_MAX_DEPTH = 32
+
+
+def is_id(value: str) -> bool:
+    """Whether `value` has the shape of an id this service issues (`conv_...`, `msg_...`)."""
+    return bool(_ID.match(value))
 
 
 def text(name: str, value: str | None, max_chars: int, *, required: bool = False) -> str | None:
@@ -25,7 +32,18 @@ def text(name: str, value: str | None, max_chars: int, *, required: bool = False
         raise InvalidInput(f"{name} is longer than {max_chars} characters")
     if "\x00" in value:
         raise InvalidInput(f"{name} must not contain NUL (\\u0000) characters")
+    _require_unicode(name, value)
     return value
+
+
+def _require_unicode(name: str, value: str) -> None:
+    """Refuse lone surrogates (JSON can carry them, UTF-8 cannot store them)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{name} must be valid Unicode text (it holds a lone surrogate such as \\ud800)"
+        ) from None
 
 
 def tags(name: str, values: Sequence[str] | None, limits: Limits) -> list[str]:
@@ -44,7 +62,10 @@ def tags(name: str, values: Sequence[str] | None, limits: Limits) -> list[str]:
 def metadata(name: str, value: dict[str, Any] | None, limits: Limits) -> dict[str, Any] | None:
     if value is None:
         return None
+    if _depth(value) > METADATA_MAX_DEPTH:
+        raise InvalidInput(f"{name} is nested deeper than {METADATA_MAX_DEPTH} levels")
     encoded = json.dumps(value, ensure_ascii=False)
+    _require_unicode(name, encoded)
     if len(encoded.encode()) > limits.metadata_bytes:
         raise InvalidInput(f"{name} is larger than {limits.metadata_bytes} bytes as JSON")
     if "\\u0000" in encoded:
@@ -77,3 +98,18 @@ def stored_bytes(*parts: str | dict[str, Any] | None) -> int:
         elif part is not None:
             total += len(json.dumps(part, ensure_ascii=False).encode())
     return total
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > METADATA_MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
