@@ -173,12 +173,14 @@ class OrgIndex:
         changes, self._changes = self._changes or [], None
         if store is None:
             return
+        # The size the store was fitted to; growth by replay counts toward the next rebuild.
+        fitted = store.ntotal
         for removed, added, vectors in changes:
             store.remove(removed)
             if added.size:
                 store.add(added, vectors)
         self._store = store
-        self._built_size = store.ntotal
+        self._built_size = fitted
 
     def _apply(self, removed: Labels, added: Labels, vectors: Matrix) -> None:
         self._store.remove(removed)

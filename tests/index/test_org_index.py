@@ -84,3 +84,14 @@ def test_shrinking_below_half_the_threshold_wants_a_flat_index() -> None:
     org.finish_rebuild(org.build(org.begin_rebuild()))
     assert org.kind == "flat" and org.size == 400
     assert org.search(np.ones((1, DIM), np.float32) / np.sqrt(DIM), 500, []).__len__() == 400
+
+
+def test_growth_during_a_rebuild_triggers_the_next_one() -> None:
+    org, vectors = _org(1500, threshold=1000)
+    snapshot = org.begin_rebuild()
+    store = org.build(snapshot)
+    more = clustered(2000, seed=8)
+    org.upsert([f"m{i}" for i in range(2000)], ["convM"] * 2000, more)
+    org.finish_rebuild(store)
+    # Fitted to 1500 vectors, now holding 3500: its lists are too few, so rebuild again.
+    assert org.size == 3500 and org.needs_rebuild()
