@@ -31,6 +31,13 @@ MAX_TOKENS = 384
 _CLIP_CHARS = 64 * MAX_TOKENS
 
 
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, which containers narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def pick_device(requested: str) -> str:
     """'cuda' when asked for or when 'auto' finds a GPU, else 'cpu'."""
     if requested == "cuda" and not torch.cuda.is_available():
@@ -60,7 +67,7 @@ class TransformerEmbedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self._device = torch.device(device)
         if device == "cpu":
-            torch.set_num_threads(threads or os.cpu_count() or 1)
+            torch.set_num_threads(threads or _usable_cores())
             dtype = torch.float32
         else:
             dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
