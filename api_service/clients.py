@@ -13,10 +13,13 @@ from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 Vectors = npt.NDArray[np.float32]
 
-# Texts and vectors of a large batch exceed gRPC's default 4 MiB message size.
 _CHANNEL_OPTIONS = [
+    # Texts and vectors of a large batch exceed gRPC's default 4 MiB message size.
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # Reconnect within seconds of a restarted service, not gRPC's default of up to 2 minutes.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 

@@ -45,7 +45,7 @@ class Indexer:
         self._index = index
         self._batch_size = batch_size
         self._wake = asyncio.Event()
-        self._done = asyncio.Condition()
+        self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -61,27 +61,20 @@ class Indexer:
         self._wake.set()
 
     async def wait_done(self, job_ids: Sequence[int], timeout: float) -> bool:
-        """True once none of `job_ids` is left in the outbox (done here or by another replica)."""
-
-        async def pending() -> bool:
+        """True once none of `job_ids` is left in the outbox (done here or by another replica),
+        checked after each batch this worker finishes and at least every POLL_SECONDS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
             left = await self._pool.fetchval(
                 "SELECT count(*) FROM index_outbox WHERE job_id = ANY($1::bigint[])",
                 list(job_ids),
             )
-            return bool(left)
-
-        async def until_done() -> None:
-            async with self._done:
-                while await pending():
-                    # Woken by this worker's progress, or re-checked for other replicas' work.
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._done.wait(), POLL_SECONDS)
-
-        try:
-            await asyncio.wait_for(until_done(), timeout)
-        except TimeoutError:
-            return False
-        return True
+            remaining = deadline - loop.time()
+            if not left or remaining <= 0:
+                return not left
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), min(POLL_SECONDS, remaining))
 
     async def _run(self) -> None:
         while True:
@@ -110,8 +103,8 @@ class Indexer:
                 await self._retry_later(job, exc)
             else:
                 await self._pool.execute("DELETE FROM index_outbox WHERE job_id = $1", job.job_id)
-        async with self._done:
-            self._done.notify_all()
+        self._progress.set()
+        self._progress = asyncio.Event()
         return True
 
     async def _lease(self) -> list[Job]:

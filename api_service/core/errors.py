@@ -73,18 +73,21 @@ def conversation_not_found() -> NotFound:
     return NotFound(CONVERSATION_NOT_FOUND)
 
 
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+)
+DEPENDENCY_ERRORS: tuple[type[Exception], ...] = (*DATABASE_ERRORS, grpc.aio.AioRpcError)
+
+
 def classify(exc: BaseException) -> ServiceError:
     """The ServiceError for any exception: dependency outages become 503, the rest 500."""
     if isinstance(exc, ServiceError):
         return exc
-    if isinstance(
-        exc,
-        OSError
-        | asyncpg.PostgresConnectionError
-        | asyncpg.InterfaceError
-        | asyncpg.CannotConnectNowError
-        | asyncpg.TooManyConnectionsError,
-    ):
+    if isinstance(exc, DATABASE_ERRORS):
         log.warning("database unavailable: %s", type(exc).__name__)
         return Unavailable("The database is unavailable; retry shortly")
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (

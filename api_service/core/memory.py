@@ -274,7 +274,11 @@ class MemoryService:
             lexical = (
                 await repo.lexical_search(conn, who.org_id, query, depth, allowed) if hybrid else []
             )
-            ranked = _fuse(vector_hits, [c.chunk_id for c in lexical]) if hybrid else vector_hits
+            ranked = (
+                _fuse(vector_hits, [c.chunk_id for c in lexical])
+                if hybrid
+                else sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable order
+            )
             rows = await repo.chunks_by_id(conn, who.org_id, [cid for cid, _ in ranked])
         results = [
             _result(rows[cid], score, snippet_chars) for cid, score in ranked if cid in rows

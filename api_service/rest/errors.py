@@ -10,7 +10,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api_service.core.errors import InvalidInput, RateLimited, ServiceError, classify
+from api_service.core.errors import (
+    DEPENDENCY_ERRORS,
+    InvalidInput,
+    RateLimited,
+    ServiceError,
+    classify,
+)
 from api_service.rest.schemas import Error
 
 log = logging.getLogger(__name__)
@@ -77,4 +83,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    # Outages of a dependency are expected: handled here, they are answered (503) and logged as
+    # a warning; anything else reaches the catch-all, which logs it as an error.
+    for outage in DEPENDENCY_ERRORS:
+        app.add_exception_handler(outage, on_unexpected)
     app.add_exception_handler(Exception, on_unexpected)
