@@ -1,0 +1,209 @@
+"""Races between writers over both interfaces: gapless sequences, PATCH against appends, delete
+against appends (no orphan rows or vectors), and nothing secret in the logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+import grpc
+import httpx
+import pytest
+
+from index_service.routing import routing_epoch
+from memory_proto import index_pb2, index_pb2_grpc
+from tests.api.harness import Service
+
+
+async def _orphans(database_url: str) -> dict[str, int]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return {
+            "messages": await conn.fetchval(
+                "SELECT count(*) FROM messages m WHERE NOT EXISTS (SELECT 1 FROM conversations c"
+                " WHERE c.org_id = m.org_id AND c.conversation_id = m.conversation_id)"
+            ),
+            "chunks": await conn.fetchval(
+                "SELECT count(*) FROM chunks k WHERE NOT EXISTS (SELECT 1 FROM conversations c"
+                " WHERE c.org_id = k.org_id AND c.conversation_id = k.conversation_id)"
+            ),
+        }
+    finally:
+        await conn.close()
+
+
+async def test_gapless_sequences_from_both_interfaces(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+
+        async def via_rest(i: int) -> None:
+            r = await http.post(
+                "/api/v1/messages",
+                json={
+                    "conversation_id": cid,
+                    "messages": [{"role": "user", "content": f"r{i}-{j}"} for j in range(3)],
+                },
+            )
+            assert r.status_code == 200
+
+        async def via_mcp(i: int) -> None:
+            await mcp.ok(
+                "append_messages",
+                conversation_id=cid,
+                messages=[{"role": "assistant", "content": f"m{i}-{j}"} for j in range(2)],
+            )
+
+        await asyncio.gather(*(via_rest(i) for i in range(10)), *(via_mcp(i) for i in range(10)))
+        got = (await http.get(f"/api/v1/conversations/{cid}", params={"message_limit": 500})).json()
+    assert [m["sequence"] for m in got["messages"]] == list(range(1, 51))
+    contents = [m["content"] for m in got["messages"]]
+    for i in range(10):  # one call's messages are contiguous and in order
+        start = contents.index(f"r{i}-0")
+        assert contents[start : start + 3] == [f"r{i}-{j}" for j in range(3)]
+        start = contents.index(f"m{i}-0")
+        assert contents[start : start + 2] == [f"m{i}-{j}" for j in range(2)]
+
+
+async def test_patch_racing_appends_keeps_every_edit_and_window(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        ids = (
+            await http.post(
+                "/api/v1/messages",
+                json={
+                    "conversation_id": cid,
+                    "messages": [{"role": "user", "content": f"original {i}"} for i in range(10)],
+                },
+            )
+        ).json()["message_ids"]
+
+        async def edit(i: int) -> None:
+            r = await http.patch(
+                f"/api/v1/conversations/{cid}/messages/{ids[i]}", json={"content": f"edited {i}"}
+            )
+            assert r.status_code == 200
+
+        async def append(i: int) -> None:
+            await mcp.ok(
+                "append_messages",
+                conversation_id=cid,
+                messages=[{"role": "user", "content": f"later {i}"}],
+            )
+
+        await asyncio.gather(*(edit(i) for i in range(10)), *(append(i) for i in range(10)))
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"]
+    assert [m["content"] for m in got[:10]] == [f"edited {i}" for i in range(10)]
+    assert len(got) == 20
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT start_sequence, end_sequence, text FROM chunks WHERE conversation_id = $1 "
+            "ORDER BY start_sequence",
+            cid,
+        )
+    finally:
+        await conn.close()
+    assert [(r["start_sequence"], r["end_sequence"]) for r in rows] == [
+        (s, min(s + 4, 20)) for s in range(1, 21, 3)
+    ]
+    for row in rows:  # every window holds exactly the messages' current text
+        expected = "\n".join(
+            f"[user]: {m['content']}" for m in got[row["start_sequence"] - 1 : row["end_sequence"]]
+        )
+        assert row["text"] == expected
+
+
+async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
+    org_id, key = await service.org_with_key()
+    async with service.rest(key) as http:
+        cids = [
+            (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            for _ in range(4)
+        ]
+
+        async def append(cid: str, i: int) -> int:
+            r = await http.post(
+                "/api/v1/messages",
+                json={
+                    "conversation_id": cid,
+                    "messages": [{"role": "user", "content": f"race {i} on {cid}"}],
+                },
+            )
+            return r.status_code
+
+        async def delete(cid: str) -> int:
+            await asyncio.sleep(0)
+            return (await http.delete(f"/api/v1/conversations/{cid}")).status_code
+
+        results = await asyncio.gather(
+            *(append(cid, i) for cid in cids for i in range(8)), *(delete(cid) for cid in cids)
+        )
+        assert set(results) <= {200, 404}  # an append after the delete finds nothing
+        assert results[-4:] == [200] * 4
+        for _ in range(100):  # vector removal goes through the outbox
+            if await service.outbox_size() == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await service.outbox_size() == 0
+        found = (await http.get("/api/v1/search", params={"q": "race on", "limit": 50})).json()
+    assert found == {"results": [], "total": 0}
+    assert await _orphans(service.database_url) == {"messages": 0, "chunks": 0}
+    shards = service.settings.index_shards
+    async with grpc.aio.insecure_channel(shards[0]) as channel:  # nor any vector in the shard
+        stats = await index_pb2_grpc.IndexServiceStub(channel).Stats(
+            index_pb2.StatsRequest(org_id=org_id, routing_epoch=routing_epoch(shards))
+        )
+    assert stats.vectors == 0
+
+
+async def test_logs_hold_no_key_and_no_content(
+    service: Service, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, key = await service.org_with_key()
+    secret_text = "the vault combination is 31-17-44"
+    caplog.set_level(logging.DEBUG)
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = (await http.post("/api/v1/conversations", json={"title": secret_text})).json()[
+            "conversation_id"
+        ]
+        await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "user", "content": secret_text}]},
+        )
+        await mcp.ok("search", query=secret_text)
+        await mcp.error("search", query=secret_text, limit=999)
+        await http.get("/api/v1/search", params={"q": secret_text, "limit": 999})
+        await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "robot", "content": secret_text}]},
+        )
+    async with httpx.AsyncClient(base_url=service.base_url) as anonymous:
+        await anonymous.get("/api/v1/conversations", headers={"Authorization": f"Bearer {key}x"})
+    server_side = (
+        "api_service",
+        "embed_service",
+        "index_service",
+        "mcp.server",
+        "uvicorn",
+        "asyncpg",
+        "grpc",
+        "starlette",
+        "fastapi",
+    )
+    records = [r for r in caplog.records if r.name.startswith(server_side)]
+    logged = "\n".join(f"{r.getMessage()} {r.args!r} {r.exc_text or ''}" for r in records)
+    assert records  # the service did log (e.g. the refused arguments, by field name)
+    assert key not in logged and key[:20] not in logged
+    assert "vault combination" not in logged
+
+
+async def test_cors_is_off_by_default(service: Service) -> None:
+    async with httpx.AsyncClient(base_url=service.base_url) as http:
+        r = await http.options(
+            "/api/v1/conversations",
+            headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "GET"},
+        )
+        assert "access-control-allow-origin" not in r.headers
+        r = await http.get("/healthz", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in r.headers
