@@ -23,8 +23,15 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def _channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+def _channel(address: str, *, balanced: bool = False) -> grpc.aio.Channel:
+    """A channel to `address`; `balanced` spreads calls over every address the name resolves to
+    (several embed_service replicas behind one DNS name) instead of pinning one connection."""
+    options = (
+        [*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+        if balanced
+        else (_CHANNEL_OPTIONS)
+    )
+    return grpc.aio.insecure_channel(address, options=options)
 
 
 class EmbedClient:
@@ -32,7 +39,7 @@ class EmbedClient:
 
     def __init__(self, address: str, timeout: float) -> None:
         self.address = address
-        self._channel = _channel(address)
+        self._channel = _channel(address, balanced=True)
         self._stub: embed_pb2_grpc.EmbedServiceAsyncStub = embed_pb2_grpc.EmbedServiceStub(
             self._channel
         )
