@@ -87,7 +87,7 @@ def test_shrinking_below_half_the_threshold_wants_a_flat_index() -> None:
 
 
 def test_growth_during_a_rebuild_triggers_the_next_one() -> None:
-    org, vectors = _org(1500, threshold=1000)
+    org, _ = _org(1500, threshold=1000)
     snapshot = org.begin_rebuild()
     store = org.build(snapshot)
     more = clustered(2000, seed=8)
