@@ -299,7 +299,14 @@ def main() -> None:
         help="machine name for the result files",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--replot", action="store_true", help="only redraw the PNG from the machine's JSON results"
+    )
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads((args.out / f"{args.machine}.json").read_text())
+        plot(saved["rows"], args.out / f"{args.machine}.png", args.machine)
+        return
     sizes = [int(s) for s in args.sizes.split(",")]
     efs = [int(s) for s in args.ef_search.split(",")]
     rng = np.random.default_rng(7)
