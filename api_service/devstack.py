@@ -1,0 +1,212 @@
+"""memctl up: the whole stack on loopback for development, on the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from api_service import auth
+from api_service.cli_support import CliError, database, with_conn
+from api_service.core.ids import new_id
+from api_service.settings import ApiSettings
+from api_service.store import admin
+from api_service.store.db import Conn
+from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
+
+DEV_ORG = "dev"
+
+
+def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
+    """The dev org's read+write key: created on first start, kept in `key_file` (mode 600)."""
+    kept = key_file.read_text().strip() if key_file.exists() else None
+
+    async def work(conn: Conn) -> str | None:
+        org = await admin.org_by_name(conn, DEV_ORG)
+        if org is not None and kept:
+            return None
+        org_id = (
+            org.org_id
+            if org
+            else (await admin.create_org(conn, new_id("org"), DEV_ORG, None)).org_id
+        )
+        secret, _ = await auth.issue_key(conn, org_id, ["read", "write"], None)
+        return secret
+
+    secret: str | None = asyncio.run(with_conn(url, work))
+    if secret is None:
+        assert kept is not None
+        return kept, False
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.touch(mode=0o600)
+    key_file.write_text(secret + "\n")
+    return secret, True
+
+
+def _wait_ready(
+    name: str, check: Callable[[], bool], procs: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    print(f"  waiting for {name} ", end="", flush=True)
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise CliError(f"{name}: a service exited with status {p.returncode}; see above")
+        with contextlib.suppress(Exception):
+            if check():
+                print(" ready", flush=True)
+                return
+        print(".", end="", flush=True)
+        time.sleep(1.0)
+    raise CliError(f"{name} was not ready within {timeout:.0f}s")
+
+
+def _grpc_ready(address: str, kind: str) -> Callable[[], bool]:
+    def check() -> bool:
+        with grpc.insecure_channel(address) as channel:
+            if kind == "embed":
+                reply: Any = embed_pb2_grpc.EmbedServiceStub(channel).Health(
+                    embed_pb2.HealthRequest(), timeout=2
+                )
+            else:
+                reply = index_pb2_grpc.IndexServiceStub(channel).Health(
+                    index_pb2.IndexHealthRequest(), timeout=2
+                )
+            return bool(reply.ready)
+
+    return check
+
+
+def _http_ready(url: str) -> Callable[[], bool]:
+    import urllib.request
+
+    def check() -> bool:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback URL)
+            return bool(response.status == 200)
+
+    return check
+
+
+def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
+    data_dir = settings.data_dir.resolve()
+    embed_address = f"127.0.0.1:{args.embed_port}"
+    index_address = f"127.0.0.1:{args.index_port}"
+    base_url = f"http://127.0.0.1:{args.port}"
+    print(f"memctl up: data in {data_dir}")
+    with database(settings) as url:
+        key, created = _dev_key(url, data_dir / "dev-api-key")
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "EMBED_HOST": "127.0.0.1",
+            "EMBED_PORT": str(args.embed_port),
+            "EMBED_BACKEND": args.embedder,
+            "EMBED_MODEL_CACHE_DIR": str(data_dir / "models"),
+            "INDEX_HOST": "127.0.0.1",
+            "INDEX_PORT": str(args.index_port),
+            "INDEX_SHARDS": index_address,
+            "INDEX_SHARD_NAME": index_address,
+            "MEMORY_HOST": "127.0.0.1",
+            "MEMORY_PORT": str(args.port),
+            "MEMORY_EMBED_ADDRESS": embed_address,
+            "MEMORY_INDEX_SHARDS": index_address,
+            "MEMORY_DATA_DIR": str(data_dir),
+        }
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            for module in ("embed_service", "index_service"):
+                print(f"  starting {module}")
+                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))  # noqa: S603
+            _wait_ready(
+                "embed_service (loads the model)",
+                _grpc_ready(embed_address, "embed"),
+                procs,
+                args.timeout,
+            )
+            _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
+            print("  starting api_service")
+            procs.append(subprocess.Popen([sys.executable, "-m", "api_service"], env=env))
+            _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
+            _print_welcome(base_url, key, created, data_dir)
+            _supervise(procs)
+        finally:
+            _stop_all(procs)
+    print("stopped")
+
+
+def _print_welcome(base_url: str, key: str, created: bool, data_dir: Path) -> None:
+    snippet = {
+        "mcpServers": {
+            "memory": {
+                "type": "http",
+                "url": f"{base_url}/mcp",
+                "headers": {"Authorization": f"Bearer {key}"},
+            }
+        }
+    }
+    origin = "created for org 'dev'" if created else f"org 'dev', kept in {data_dir}/dev-api-key"
+    print(
+        f"""
+The conversation memory service is up.
+  REST:    {base_url}/api/v1
+  MCP:     {base_url}/mcp
+  API key: {key}   ({origin})
+
+Try it:
+  curl -s -X POST {base_url}/api/v1/conversations -H "Authorization: Bearer {key}" \\
+       -H "Content-Type: application/json" -d '{{"title": "hello"}}'
+
+MCP client configuration:
+{json.dumps(snippet, indent=2)}
+
+Press Ctrl-C to stop.""",
+        flush=True,
+    )
+
+
+def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Block until Ctrl-C / SIGTERM or until a service exits."""
+    stop = False
+
+    def on_signal(signum: int, _: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stop:
+            for p in procs:
+                if p.poll() is not None:
+                    print(f"a service exited with status {p.returncode}; stopping the rest")
+                    return
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    print("\nstopping...")
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every service and wait for each; a second Ctrl-C, or 15 s, kills them."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    try:
+        for p in reversed(procs):
+            p.wait(timeout=15)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
