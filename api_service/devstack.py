@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +210,47 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
                 p.kill()
         for p in procs:
             p.wait()
+
+
+@contextlib.contextmanager
+def stack_in_subprocess(
+    data_dir: Path, port: int, embedder: str = "transformer", env: dict[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
+    """`memctl up` in a child process on its own data folder, for benchmarks and load tests.
+
+    Yields (base_url, api key) once every service is ready; the services' output goes to
+    `data_dir/stack.log`. Uses the embedded PostgreSQL (DATABASE_URL is not passed on)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
+    child_env.pop("DATABASE_URL", None)
+    log_path = data_dir / "stack.log"
+    with log_path.open("a") as log:
+        proc = subprocess.Popen(  # noqa: S603 (our own CLI, fixed arguments)
+            [
+                sys.executable,
+                "-m",
+                "api_service.cli",
+                "up",
+                "--port",
+                str(port),
+                "--embed-port",
+                str(port + 1),
+                "--index-port",
+                str(port + 2),
+                "--embedder",
+                embedder,
+            ],
+            env=child_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_ready("the stack", _http_ready(f"http://127.0.0.1:{port}/readyz"), [proc], 900)
+        yield f"http://127.0.0.1:{port}", (data_dir / "dev-api-key").read_text().strip()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

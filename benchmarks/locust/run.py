@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
+
+from api_service.devstack import stack_in_subprocess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -27,46 +27,6 @@ SCENARIOS = {
     "platform": ["PlatformUser"],
     "mix": ["AgentUser", "PlatformUser"],
 }
-
-
-def start_stack(data_dir: Path, port: int, embedder: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), "MEMORY_LOG_LEVEL": "WARNING"}
-    env.pop("DATABASE_URL", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "api_service.cli",
-            "up",
-            "--port",
-            str(port),
-            "--embed-port",
-            str(port + 1),
-            "--index-port",
-            str(port + 2),
-            "--embedder",
-            embedder,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "Press Ctrl-C to stop" in line:
-            break
-        if proc.poll() is not None:
-            raise SystemExit("the stack did not start")
-    stream = proc.stdout
-
-    def drain() -> None:
-        with (data_dir / "stack.log").open("a") as out:
-            for line in stream:
-                out.write(line)
-
-    threading.Thread(target=drain, daemon=True).start()
-    return proc
 
 
 def plot(prefix: Path, title: str) -> None:
@@ -109,9 +69,10 @@ def main() -> None:
     data_dir = ROOT / "var" / "bench-locust"
     data_dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    stack = start_stack(data_dir, args.port, args.embedder)
-    env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir)}
-    try:
+    env = dict(os.environ)
+    quiet = {"MEMORY_LOG_LEVEL": "WARNING"}
+    with stack_in_subprocess(data_dir, args.port, args.embedder, quiet) as (base_url, key):
+        env["MEMORY_API_KEY"] = key
         for name, users in SCENARIOS.items():
             if args.scenario not in ("all", name):
                 continue
@@ -126,7 +87,7 @@ def main() -> None:
                     str(HERE / "locustfile.py"),
                     "--headless",
                     "--host",
-                    f"http://127.0.0.1:{args.port}",
+                    base_url,
                     "-u",
                     str(args.users),
                     "-r",
@@ -143,9 +104,6 @@ def main() -> None:
             )
             plot(prefix, f"{name}: {args.users} users, {args.embedder} embedder")
             print(f"  wrote {prefix}_stats.csv and {prefix}.png", flush=True)
-    finally:
-        stack.send_signal(signal.SIGINT)
-        stack.wait(timeout=60)
 
 
 if __name__ == "__main__":

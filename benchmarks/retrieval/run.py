@@ -30,14 +30,8 @@ import math
 import os
 import platform
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +39,8 @@ import httpx
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+
+from api_service.devstack import stack_in_subprocess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -106,65 +102,6 @@ def bm25_rank(query: str, docs: list[str], k1: float = 1.2, b: float = 0.75) -> 
 
 
 # --- the service ---------------------------------------------------------------------------
-
-
-@contextmanager
-def started_stack(data_dir: Path, port: int, embedder: str) -> Iterator[tuple[str, str]]:
-    """`memctl up` on its own data folder; yields (base_url, key)."""
-    env = {
-        **os.environ,
-        "MEMORY_DATA_DIR": str(data_dir),
-        "MEMORY_APPEND_INDEX_WAIT_SECONDS": "1800",
-        "MEMORY_GRPC_TIMEOUT_SECONDS": "600",
-    }
-    env.pop("DATABASE_URL", None)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "api_service.cli",
-            "up",
-            "--port",
-            str(port),
-            "--embed-port",
-            str(port + 1),
-            "--index-port",
-            str(port + 2),
-            "--embedder",
-            embedder,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            print("  | " + line.rstrip(), flush=True)
-            if "Press Ctrl-C to stop" in line:
-                break
-        else:
-            raise SystemExit("the stack did not start; see its output above")
-        log = data_dir / "stack.log"
-        # Keep draining the services' output into a file so they never block on a full pipe.
-        threading.Thread(target=_drain, args=(proc.stdout, log), daemon=True).start()
-        print(f"  (service logs: {log})", flush=True)
-        key = (data_dir / "dev-api-key").read_text().strip()
-        yield f"http://127.0.0.1:{port}", key
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _drain(stream: Any, path: Path) -> None:
-    with path.open("a") as out:
-        for line in stream:
-            out.write(line)
-            out.flush()
 
 
 async def ingest(http: httpx.AsyncClient, conversations: list[dict[str, Any]]) -> dict[str, str]:
@@ -389,7 +326,15 @@ def main() -> None:
             parser.error("--key is required with --base-url")
         asyncio.run(run(args, args.base_url, args.key))
         return
-    with started_stack(args.data_dir, args.port, args.embedder) as (base_url, key):
+    wait_for_indexing = {  # each append returns once its chunks are indexed
+        "MEMORY_APPEND_INDEX_WAIT_SECONDS": "1800",
+        "MEMORY_GRPC_TIMEOUT_SECONDS": "600",
+    }
+    print(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
+    with stack_in_subprocess(args.data_dir, args.port, args.embedder, wait_for_indexing) as (
+        base_url,
+        key,
+    ):
         asyncio.run(run(args, base_url, key))
 
 
