@@ -262,15 +262,25 @@ def plot(rows: list[dict[str, Any]], path: Path, machine: str) -> None:
         pts = sorted(
             (r["n"], r["p99_ms"], r["recall_at_10"]) for r in rows if r["system"] == system
         )
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{system} p99")
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{system} p99")
+        p50 = sorted((r["n"], r["p50_ms"]) for r in rows if r["system"] == system)
+        ax.plot(
+            [p[0] for p in p50],
+            [p[1] for p in p50],
+            linestyle="--",
+            marker=".",
+            color=line[0].get_color(),
+            alpha=0.6,
+            label=f"{system} p50",
+        )
         for n, p99, rec in pts:
             ax.annotate(
-                f"R={rec:.3f}", (n, p99), fontsize=7, textcoords="offset points", xytext=(4, 4)
+                f"recall {rec:.3f}", (n, p99), fontsize=7, textcoords="offset points", xytext=(4, 4)
             )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("vectors in the org")
-    ax.set_ylabel("search latency p99 (ms, k=10, one query)")
+    ax.set_ylabel("search latency (ms, k=10, one query at a time)")
     ax.set_title(f"index_service vs pgvector HNSW, 768-d, {machine}")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
