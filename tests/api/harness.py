@@ -146,6 +146,18 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
         index_shards=[f"127.0.0.1:{index.port}"],
         **overrides,
     )
+    try:
+        async with serve(settings) as base_url:
+            service = Service(base_url, database_url, settings, embed, index)
+            yield service
+    finally:
+        await index.stop(0)
+        await (service.embed if service else embed).stop(0)
+
+
+@contextlib.asynccontextmanager
+async def serve(settings: ApiSettings) -> AsyncIterator[str]:
+    """api_service under uvicorn on a free loopback port; yields its base URL."""
     config = uvicorn.Config(
         create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
     )
@@ -156,11 +168,7 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
             if task.done():
                 task.result()
             await asyncio.sleep(0.02)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        service = Service(f"http://127.0.0.1:{port}", database_url, settings, embed, index)
-        yield service
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
         server.should_exit = True
         await task
-        await index.stop(0)
-        await (service.embed if service else embed).stop(0)

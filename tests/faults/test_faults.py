@@ -13,16 +13,15 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import grpc
 import pytest
-import uvicorn
 
-from api_service.main import create_app
 from api_service.settings import ApiSettings
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import Service
+from tests.api.harness import Service, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,33 +61,53 @@ async def until_ready(address: str, kind: str, deadline_s: float = 60) -> None:
     raise TimeoutError(f"{kind} at {address} not ready")
 
 
+class Stack:
+    """embed_service (hashing) and one index shard as real processes, restartable, plus the
+    API settings that point at them."""
+
+    def __init__(self, database_url: str, **api_overrides: object) -> None:
+        self.embed_env = {"EMBED_BACKEND": "hashing", "EMBED_PORT": str(free_port())}
+        self.index_env = {"INDEX_PORT": str(free_port()), "DATABASE_URL": database_url}
+        self.embed_address = f"127.0.0.1:{self.embed_env['EMBED_PORT']}"
+        self.index_address = f"127.0.0.1:{self.index_env['INDEX_PORT']}"
+        self.settings = ApiSettings(
+            database_url=database_url,
+            embed_address=self.embed_address,
+            index_shards=[self.index_address],
+            **api_overrides,  # type: ignore[arg-type]
+        )
+        self.embed: subprocess.Popen[bytes] | None = None
+        self.index: subprocess.Popen[bytes] | None = None
+
+    async def start_embed(self) -> None:
+        self.embed = start_process("embed_service", self.embed_env)
+        await until_ready(self.embed_address, "embed")
+
+    async def start_index(self) -> None:
+        self.index = start_process("index_service", self.index_env)
+        await until_ready(self.index_address, "index")
+
+    def kill(self, proc: subprocess.Popen[bytes] | None) -> None:
+        assert proc is not None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def close(self) -> None:
+        for proc in (self.embed, self.index):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @contextlib.asynccontextmanager
-async def api(settings: ApiSettings) -> AsyncIterator[str]:
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=0, log_level="warning")
-    )
-    task = asyncio.create_task(server.serve())
+async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[Stack]:
+    running = Stack(database_url, **api_overrides)
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        await running.start_embed()
+        await running.start_index()
+        yield running
     finally:
-        server.should_exit = True
-        await task
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        running.close()
 
 
 async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
@@ -104,25 +123,9 @@ async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
 
 
 async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> None:
-    embed_port, index_port = free_port(), free_port()
-    embed_env = {"EMBED_BACKEND": "hashing", "EMBED_PORT": str(embed_port)}
-    with processes() as procs:
-        procs.append(start_process("embed_service", embed_env))
-        procs.append(
-            start_process(
-                "index_service", {"INDEX_PORT": str(index_port), "DATABASE_URL": database_url}
-            )
-        )
-        await until_ready(f"127.0.0.1:{embed_port}", "embed")
-        await until_ready(f"127.0.0.1:{index_port}", "index")
-        settings = ApiSettings(
-            database_url=database_url,
-            embed_address=f"127.0.0.1:{embed_port}",
-            index_shards=[f"127.0.0.1:{index_port}"],
-            append_index_wait_seconds=0.2,
-        )
-        async with api(settings) as base_url:
-            service = Service(base_url, database_url, settings, None, None)  # type: ignore[arg-type]
+    async with stack(database_url, append_index_wait_seconds=0.2) as running:
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
             _, key = await service.org_with_key()
             async with service.rest(key) as http:
                 cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
@@ -138,21 +141,19 @@ async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> 
                     return r.status_code
 
                 first = await asyncio.gather(*(append(i) for i in range(20)))
-                procs[0].send_signal(signal.SIGKILL)
-                procs[0].wait()
+                running.kill(running.embed)
                 second = await asyncio.gather(*(append(i) for i in range(20, 40)))
                 assert set(first) == set(second) == {200}  # appends succeed during the outage
 
-                procs.append(start_process("embed_service", embed_env))
-                await until_ready(f"127.0.0.1:{embed_port}", "embed")
+                await running.start_embed()
                 await outbox_drained(database_url)
                 got = (
                     await http.get(f"/api/v1/conversations/{cid}", params={"message_limit": 500})
                 ).json()
-                assert [m["sequence"] for m in got["messages"]] == list(range(1, 41))
-                assert sorted(m["content"] for m in got["messages"]) == sorted(
-                    f"kiwi {i}" for i in range(40)
-                )
+        assert [m["sequence"] for m in got["messages"]] == list(range(1, 41))
+        assert sorted(m["content"] for m in got["messages"]) == sorted(
+            f"kiwi {i}" for i in range(40)
+        )
         conn = await asyncpg.connect(database_url)
         try:
             chunks = await conn.fetch(
@@ -167,25 +168,9 @@ async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> 
 
 
 async def test_sigkill_index_shard_gives_503_then_identical_results(database_url: str) -> None:
-    embed_port, index_port = free_port(), free_port()
-    index_env = {"INDEX_PORT": str(index_port), "DATABASE_URL": database_url}
-    with processes() as procs:
-        procs.append(
-            start_process(
-                "embed_service", {"EMBED_BACKEND": "hashing", "EMBED_PORT": str(embed_port)}
-            )
-        )
-        procs.append(start_process("index_service", index_env))
-        await until_ready(f"127.0.0.1:{embed_port}", "embed")
-        await until_ready(f"127.0.0.1:{index_port}", "index")
-        settings = ApiSettings(
-            database_url=database_url,
-            embed_address=f"127.0.0.1:{embed_port}",
-            index_shards=[f"127.0.0.1:{index_port}"],
-            grpc_timeout_seconds=2,
-        )
-        async with api(settings) as base_url:
-            service = Service(base_url, database_url, settings, None, None)  # type: ignore[arg-type]
+    async with stack(database_url, grpc_timeout_seconds=2) as running:
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
             _, key = await service.org_with_key()
             async with service.rest(key) as http, service.mcp(key) as mcp:
                 for topic in ("sailing boats", "baking bread", "tax returns", "garden roses"):
@@ -205,16 +190,14 @@ async def test_sigkill_index_shard_gives_503_then_identical_results(database_url
                 queries = ["boats and sailing", "bread", "roses in the garden"]
                 before = [await mcp.ok("search", query=q, limit=6) for q in queries]
 
-                procs[1].send_signal(signal.SIGKILL)
-                procs[1].wait()
+                running.kill(running.index)
                 r = await http.get("/api/v1/search", params={"q": "bread"})
                 assert r.status_code == 503 and r.json()["code"] == "unavailable"
                 assert "retry" in (await mcp.error("search", query="bread")).lower()
                 listed = await http.get("/api/v1/conversations")  # the rest keeps working
                 assert listed.status_code == 200 and listed.json()["total"] == 4
 
-                procs.append(start_process("index_service", index_env))
-                await until_ready(f"127.0.0.1:{index_port}", "index")
+                await running.start_index()
                 for _ in range(100):  # the API's channel reconnects within its backoff (2 s)
                     if not (await mcp.call("search", query="bread"))[0]:
                         break
@@ -224,38 +207,22 @@ async def test_sigkill_index_shard_gives_503_then_identical_results(database_url
 
 
 @pytest.fixture
-def private_postgres(tmp_path: Path) -> Iterator[tuple[str, object]]:
+def private_postgres(tmp_path: Path) -> Iterator[tuple[str, Any]]:
     """A PostgreSQL of this test's own, so stopping it disturbs nothing else."""
     from api_service.store.embedded import start_embedded
 
     url, server = start_embedded(tmp_path / "pg")
     yield url, server
-    server.cleanup()  # type: ignore[attr-defined]
+    server.cleanup()
 
 
 async def test_postgres_restart_gives_503_then_recovers(
-    private_postgres: tuple[str, object],
+    private_postgres: tuple[str, Any],
 ) -> None:
     url, server = private_postgres
-    embed_port, index_port = free_port(), free_port()
-    with processes() as procs:
-        procs.append(
-            start_process(
-                "embed_service", {"EMBED_BACKEND": "hashing", "EMBED_PORT": str(embed_port)}
-            )
-        )
-        procs.append(
-            start_process("index_service", {"INDEX_PORT": str(index_port), "DATABASE_URL": url})
-        )
-        await until_ready(f"127.0.0.1:{embed_port}", "embed")
-        settings = ApiSettings(
-            database_url=url,
-            embed_address=f"127.0.0.1:{embed_port}",
-            index_shards=[f"127.0.0.1:{index_port}"],
-            append_index_wait_seconds=2,
-        )
-        async with api(settings) as base_url:
-            service = Service(base_url, url, settings, None, None)  # type: ignore[arg-type]
+    async with stack(url, append_index_wait_seconds=2) as running:
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, url, running.settings, None, None)  # type: ignore[arg-type]
             _, key = await service.org_with_key()
             async with service.rest(key) as http:
                 cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
@@ -267,7 +234,7 @@ async def test_postgres_restart_gives_503_then_recovers(
                     },
                 )
 
-                await asyncio.to_thread(server.stop)  # type: ignore[attr-defined]
+                await asyncio.to_thread(server.stop)
                 during = [
                     await http.post(
                         "/api/v1/messages",
@@ -286,7 +253,7 @@ async def test_postgres_restart_gives_503_then_recovers(
                         "code": "unavailable",
                     }
 
-                await asyncio.to_thread(server.start)  # type: ignore[attr-defined]
+                await asyncio.to_thread(server.start)
                 recovered = None
                 for _ in range(100):  # the pool reconnects on its own; no API restart
                     recovered = await http.post(
