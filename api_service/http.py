@@ -67,79 +67,89 @@ class GuardMiddleware:
             return
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
+        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
+            # A body without Content-Length (chunked) is read here, up to the limit.
+            buffered = await self._read_body(receive)
+            if buffered is None:
+                await send_error(send, self._too_large())
+                return
+            receive = buffered
+        elif length is not None and length.isdigit() and int(length) > self._max_body:
             await send_error(send, self._too_large())
             return
-        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         client = (scope.get("client") or ("unknown", 0))[0]
-        wait = self._throttle.retry_after(client)
-        if wait > 0:
-            seconds = str(max(1, round(wait)))
-            await send_error(
-                send,
-                RateLimited(
-                    f"Too many failed authentication attempts; retry in {seconds}s",
-                    {"Retry-After": seconds},
-                ),
-            )
-            return
         try:
-            principal = await auth.resolve(self._pool_of(), authorization, self._default_plan)
-        except Exception as exc:
-            error = classify(exc)
-            if isinstance(error, Unauthorized | Forbidden):
-                self._throttle.failed(client)
+            principal = await self._authenticate(headers, client)
+        except ServiceError as error:
             await send_error(send, error)
             return
         state = scope.setdefault("state", {})
         state["principal"] = principal
-        extra_headers: list[tuple[bytes, bytes]] = []
+        rate_headers: list[tuple[bytes, bytes]] = []
         meter = self._meter_of()
         if meter is not None:
             admission = await meter.admit(principal.org_id, principal.plan.monthly_requests)
             headers_now = admission.headers(meter.now())
             is_rest = scope["path"].startswith("/api/v1")
             if is_rest:
-                extra_headers = [(k.lower().encode(), v.encode()) for k, v in headers_now.items()]
+                rate_headers = [(k.lower().encode(), v.encode()) for k, v in headers_now.items()]
             if not admission.allowed:
                 if is_rest:
                     await send_error(send, RateLimited(admission.message(), headers_now))
                     return
                 state["rate_limited"] = admission.message()
-        started = False
 
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if extra_headers:
-                    message = {**message, "headers": [*message.get("headers", []), *extra_headers]}
+        async def send_with_rate_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and rate_headers:
+                message = {**message, "headers": [*message.get("headers", []), *rate_headers]}
             await send(message)
 
+        await self.app(scope, receive, send_with_rate_headers)
+
+    async def _authenticate(self, headers: dict[bytes, bytes], client: str) -> auth.Principal:
+        """The caller's principal; failures count toward the client's throttle."""
+        wait = self._throttle.retry_after(client)
+        if wait > 0:
+            seconds = str(max(1, round(wait)))
+            raise RateLimited(
+                f"Too many failed authentication attempts; retry in {seconds}s",
+                {"Retry-After": seconds},
+            )
+        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
-            await self.app(scope, self._limited(receive), tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await send_error(send, self._too_large())
+            return await auth.resolve(self._pool_of(), authorization, self._default_plan)
+        except Exception as exc:
+            error = classify(exc)
+            if isinstance(error, Unauthorized | Forbidden):
+                self._throttle.failed(client)
+            raise error from None
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"Request body is larger than {self._max_body} bytes")
 
-    def _limited(self, receive: Receive) -> Receive:
-        """`receive` that stops a body without Content-Length at the size limit."""
-        seen = 0
-
-        async def limited() -> dict[str, Any]:
-            nonlocal seen
+    async def _read_body(self, receive: Receive) -> Receive | None:
+        """Read the whole body, or None past the size limit; return a `receive` replaying it."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self._max_body:
-                    raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
 
-        return limited
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-
-class _BodyTooLarge(Exception):
-    pass
+        return replay

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError
 from api_service.auth import Principal
 from api_service.core.errors import Unauthorized, classify
 from api_service.core.inputs import MessageInput
-from api_service.core.memory import MemoryService
+from api_service.core.memory import MAX_OFFSET, MemoryService
 
 
 def result(payload: dict[str, Any], *, error: bool = False) -> CallToolResult:
@@ -50,6 +50,13 @@ class MemoryMCP(MCPServer[Any]):
         refused = _request_state(context).get("rate_limited") if context else None
         if refused:
             return error_result(refused)
+        schema = self._tool_input_schema(name)
+        if schema is not None:
+            unknown = sorted(set(arguments) - set(schema.get("properties", {})))
+            if unknown:
+                return error_result(f"Invalid arguments: unknown {', '.join(unknown)}")
+        # null means absent, as for REST's optional fields
+        arguments = {k: v for k, v in arguments.items() if v is not None}
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -75,6 +82,17 @@ def _caller(ctx: Context[Any, Any]) -> Principal:
     return principal
 
 
+def _text(description: str) -> Any:
+    """An optional string argument. Typed plain `str` with a default of None, because the SDK
+    JSON-decodes string arguments of any other type (`"null"` would arrive as None)."""
+    return Field(default=None, description=description)
+
+
+def _int(description: str, low: int, high: int) -> Any:
+    """A strict integer argument (`true` is not a limit) between `low` and `high`."""
+    return Field(strict=True, description=description, ge=low, le=high)
+
+
 def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
     """The MCP server with the six memory tools; `memory_of` gives the started core."""
     server = MemoryMCP(
@@ -91,8 +109,8 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
     @server.tool()
     async def create_conversation(
         ctx: Context[Any, Any],
-        title: Annotated[str | None, Field(description="Title")] = None,
-        agent_id: Annotated[str | None, Field(description="Owning agent identifier")] = None,
+        title: Annotated[str, _text("Title")],
+        agent_id: Annotated[str, _text("Owning agent identifier")],
         tags: Annotated[list[str] | None, Field(description="Tags")] = None,
         metadata: Annotated[dict[str, Any] | None, Field(description="Key-value metadata")] = None,
     ) -> CallToolResult:
@@ -123,13 +141,11 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
     async def search(
         ctx: Context[Any, Any],
         query: Annotated[str, Field(description="Natural-language query")],
-        limit: Annotated[int, Field(ge=1, le=50, description="Max results, 1 to 50")] = 5,
-        conversation_id: Annotated[
-            str | None, Field(description="Restrict to one conversation")
-        ] = None,
+        conversation_id: Annotated[str, _text("Restrict to one conversation")],
+        limit: Annotated[int, _int("Max results, 1 to 50", 1, 50)] = 5,
         tags: Annotated[list[str] | None, Field(description="Filter by conversation tags")] = None,
         snippet_chars: Annotated[
-            int, Field(ge=15, le=5000, description="Max characters of chunk_text, at most 5000")
+            int, _int("Max characters of chunk_text, at most 5000", 15, 5000)
         ] = 1500,
     ) -> CallToolResult:
         """Find chunks of stored conversations by meaning, ranked by cosine similarity;
@@ -150,8 +166,8 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
     async def get_conversation(
         ctx: Context[Any, Any],
         conversation_id: Annotated[str, Field(description="Conversation to fetch")],
-        message_limit: Annotated[int, Field(ge=1, le=500, description="Max messages")] = 100,
-        message_offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
+        message_limit: Annotated[int, _int("Max messages", 1, 500)] = 100,
+        message_offset: Annotated[int, _int("Pagination offset", 0, MAX_OFFSET)] = 0,
     ) -> CallToolResult:
         """Fetch a conversation and its messages in sequence order."""
         return await run(
@@ -166,9 +182,9 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
     @server.tool()
     async def list_conversations(
         ctx: Context[Any, Any],
-        limit: Annotated[int, Field(ge=1, le=100, description="Max conversations")] = 20,
-        offset: Annotated[int, Field(ge=0, description="Pagination offset")] = 0,
-        agent_id: Annotated[str | None, Field(description="Filter by agent")] = None,
+        agent_id: Annotated[str, _text("Filter by agent")],
+        limit: Annotated[int, _int("Max conversations", 1, 100)] = 20,
+        offset: Annotated[int, _int("Pagination offset", 0, MAX_OFFSET)] = 0,
         tags: Annotated[list[str] | None, Field(description="Filter by tags (all)")] = None,
         sort: Annotated[
             Literal["created_at", "updated_at", "message_count"], Field(description="Sort key")

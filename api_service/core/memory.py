@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_TITLE = "Default memory"
 
+# Largest pagination offset accepted (PostgreSQL's OFFSET is a bigint; no page is that far).
+MAX_OFFSET = 1_000_000_000
+
 # Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
 RRF_K = 60
 
@@ -166,7 +169,7 @@ class MemoryService:
         who.require("read")
         _known_shape(conversation_id)
         _bounds("message_limit", message_limit, 1, 500)
-        _bounds("message_offset", message_offset, 0, None)
+        _bounds("message_offset", message_offset, 0, MAX_OFFSET)
         async with self._pool.acquire() as conn:
             conversation = await repo.get_conversation(conn, who.org_id, conversation_id)
             if conversation is None:
@@ -192,7 +195,7 @@ class MemoryService:
     ) -> dict[str, Any]:
         who.require("read")
         _bounds("limit", limit, 1, 100)
-        _bounds("offset", offset, 0, None)
+        _bounds("offset", offset, 0, MAX_OFFSET)
         if sort not in ("created_at", "updated_at", "message_count"):
             raise InvalidInput("sort must be one of created_at, updated_at, message_count")
         if order not in ("asc", "desc"):

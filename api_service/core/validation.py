@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -62,8 +63,11 @@ def tags(name: str, values: Sequence[str] | None, limits: Limits) -> list[str]:
 def metadata(name: str, value: dict[str, Any] | None, limits: Limits) -> dict[str, Any] | None:
     if value is None:
         return None
-    if _depth(value) > METADATA_MAX_DEPTH:
+    depth, finite = _shape(value)
+    if depth > METADATA_MAX_DEPTH:
         raise InvalidInput(f"{name} is nested deeper than {METADATA_MAX_DEPTH} levels")
+    if not finite:
+        raise InvalidInput(f"{name} holds a number JSON cannot store (NaN or infinite)")
     encoded = json.dumps(value, ensure_ascii=False)
     _require_unicode(name, encoded)
     if len(encoded.encode()) > limits.metadata_bytes:
@@ -100,9 +104,9 @@ def stored_bytes(*parts: str | dict[str, Any] | None) -> int:
     return total
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value, without recursion."""
-    deepest, stack = 0, [(value, 1)]
+def _shape(value: Any) -> tuple[int, bool]:
+    """Nesting depth of a JSON value, and whether all its numbers are finite; no recursion."""
+    deepest, finite, stack = 0, True, [(value, 1)]
     while stack:
         item, level = stack.pop()
         deepest = max(deepest, level)
@@ -112,4 +116,6 @@ def _depth(value: Any) -> int:
             stack.extend((v, level + 1) for v in item.values())
         elif isinstance(item, list):
             stack.extend((v, level + 1) for v in item)
-    return deepest
+        elif isinstance(item, float) and not math.isfinite(item):
+            finite = False
+    return deepest, finite

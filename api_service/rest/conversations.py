@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
+from api_service.core.memory import MAX_OFFSET
 from api_service.rest import schemas
 from api_service.rest.deps import Caller, Memory
 from api_service.rest.errors import ERROR_RESPONSES
@@ -34,7 +35,7 @@ async def list_conversations(
     who: Caller,
     memory: Memory,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     agent_id: str | None = None,
     tags: Annotated[str | None, Query(description="Comma-separated; all must match")] = None,
     sort: Literal["created_at", "updated_at", "message_count"] = "updated_at",
@@ -57,7 +58,7 @@ async def get_conversation(
     who: Caller,
     memory: Memory,
     message_limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    message_offset: Annotated[int, Query(ge=0)] = 0,
+    message_offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> dict[str, Any]:
     return await memory.get_conversation(
         who, conversation_id, message_limit=message_limit, message_offset=message_offset

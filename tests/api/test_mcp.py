@@ -110,3 +110,36 @@ async def test_tool_errors_name_the_parameter(service: Service, key: str) -> Non
             )
             == "Conversation not found"
         )
+
+
+async def test_arguments_arrive_as_sent(service: Service, key: str) -> None:
+    async with service.mcp(key) as mcp:
+        for title in ("null", "[1]", '{"$ne": null}', "42"):  # never JSON-decoded
+            cid = (await mcp.ok("create_conversation", title=title))["conversation_id"]
+            got = await mcp.ok("get_conversation", conversation_id=cid)
+            assert got["conversation"]["title"] == title
+        cid = (await mcp.ok("create_conversation", title=None, agent_id=None))[
+            "conversation_id"
+        ]  # null means absent
+        assert (await mcp.ok("get_conversation", conversation_id=cid))["conversation"][
+            "title"
+        ] is None
+        assert "unknown unexpected" in await mcp.error("create_conversation", unexpected=1)
+        assert "limit" in await mcp.error("list_conversations", limit=True)
+    async with service.rest(key) as http:  # raw JSON: the SDK client would send null
+        for token in ("NaN", "Infinity", "1e999"):
+            body = (
+                '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+                f'"create_conversation", "arguments": {{"metadata": {{"n": {token}}}}}}}}}'
+            )
+            r = await http.post(
+                "/mcp",
+                content=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "application/json, text/event-stream",
+                },
+            )
+            assert r.status_code == 200, r.text
+            result = r.json()["result"]
+            assert result["isError"] and "metadata" in result["structuredContent"]["error"]

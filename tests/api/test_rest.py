@@ -347,3 +347,46 @@ async def test_operational_endpoints(service: Service) -> None:
         await http.get("/api/v1/conversations")
         metrics = (await http.get("/metrics")).text
         assert 'memory_http_requests_total{method="GET",route="other",status="401"}' in metrics
+
+
+async def test_non_finite_numbers_are_refused(service: Service, key: str) -> None:
+    async with service.rest(key) as http:
+        for token in ("NaN", "Infinity", "-Infinity", "1e999"):
+            r = await http.post(
+                "/api/v1/conversations",
+                content=f'{{"metadata": {{"n": {token}}}}}',
+                headers={"Content-Type": "application/json"},
+            )
+            assert r.status_code == 400, (token, r.text)
+            assert "metadata" in r.json()["error"]
+        assert (await http.get("/api/v1/conversations")).json()["total"] == 0
+
+
+async def test_oversize_chunked_bodies_get_413_on_both_interfaces(
+    service: Service, key: str
+) -> None:
+    async def chunks(total: int):  # type: ignore[no-untyped-def]
+        yield b'{"title": "'
+        for _ in range(total // 65536):
+            yield b"x" * 65536
+        yield b'"}'
+
+    async with service.rest(key) as http:
+        for path in ("/api/v1/conversations", "/mcp"):
+            r = await http.post(
+                path,
+                content=chunks(5 * 1024 * 1024),
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "application/json, text/event-stream",
+                },
+            )
+            assert r.status_code == 413, (path, r.text[:200])
+            assert r.json()["code"] == "payload_too_large"
+        r = await http.post(
+            "/api/v1/conversations",
+            content=chunks(1024 * 1024),
+            headers={"Content-Type": "application/json"},
+        )
+        assert r.status_code == 400 and "title" in r.json()["error"]  # read whole: 1 MiB title
+        assert (await http.get("/api/v1/conversations")).json()["total"] == 0

@@ -322,6 +322,7 @@ async def test_nul_and_lone_surrogates_are_refused_everywhere(service: Service, 
 
 HUGE = 10**30
 INT64_MAX = 2**63 - 1
+MAX_OFFSET = 1_000_000_000
 METADATA_NUMBERS = (
     '{"big": 1000000000000000000000000000000000000001, '
     '"negative": -99999999999999999999999999999999999999, "max": 1.7976931348623157e308, '
@@ -364,12 +365,20 @@ async def test_huge_numbers_are_refused_or_stored_verbatim(service: Service, key
             message = mcp_refused(await http.tool(tool, json.dumps(arguments)))
             assert next(iter(set(arguments) - {"conversation_id", "query"})) in message
 
-        listed = (await http.rest("GET", f"/conversations?offset={INT64_MAX}")).json()
+        # Offsets are bounded at 10**9, well inside PostgreSQL's bigint OFFSET.
+        listed = (await http.rest("GET", f"/conversations?offset={MAX_OFFSET}")).json()
         assert listed == {"conversations": [], "total": 1}
-        got = (await http.rest("GET", f"/conversations/{cid}?message_offset={INT64_MAX}")).json()
+        got = (await http.rest("GET", f"/conversations/{cid}?message_offset={MAX_OFFSET}")).json()
         assert got["messages"] == [] and got["conversation"]["message_count"] == 2
-        listed = tool_ok(await http.tool("list_conversations", f'{{"offset": {INT64_MAX}}}'))
+        listed = tool_ok(await http.tool("list_conversations", f'{{"offset": {MAX_OFFSET}}}'))
         assert listed == {"conversations": [], "total": 1}
+        for offset in (MAX_OFFSET + 1, INT64_MAX, INT64_MAX + 1):
+            path = f"/conversations?offset={offset}"
+            assert "offset" in rest_refused(await http.rest("GET", path)), offset
+            path = f"/conversations/{cid}?message_offset={offset}"
+            assert "message_offset" in rest_refused(await http.rest("GET", path)), offset
+            message = mcp_refused(await http.tool("list_conversations", f'{{"offset": {offset}}}'))
+            assert "offset" in message
 
         sent = json.loads(METADATA_NUMBERS)
         r = await http.rest("POST", "/conversations", f'{{"metadata": {METADATA_NUMBERS}}}')
