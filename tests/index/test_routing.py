@@ -16,8 +16,13 @@ def test_routing_is_deterministic_and_order_independent() -> None:
     first = [shard_for(org, SHARDS) for org in ORGS]
     assert first == [shard_for(org, list(reversed(SHARDS))) for org in ORGS]
     assert first == [shard_for(org, SHARDS + SHARDS[:1]) for org in ORGS]
-    # Pinned values: the hash must not change between releases or Python versions.
-    assert shard_for("org_0", SHARDS) == shard_for("org_0", tuple(SHARDS))
+    # Pinned values: every process and release must route alike.
+    assert [shard_for(f"org_{i}", SHARDS) for i in range(3)] == [
+        "index-1:50061",
+        "index-2:50061",
+        "index-2:50061",
+    ]
+    assert routing_epoch(SHARDS) == 2882764996189647676
 
 
 def test_routing_spreads_orgs_evenly() -> None:
