@@ -21,7 +21,7 @@ import numpy as np
 from embed_service.hashing import HashingEmbedder
 from index_service.org_index import OrgIndex
 
-DATA = Path("/work/shared/data/longmemeval")
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "longmemeval"
 
 
 def chunks_of(messages: list[dict[str, str]]) -> list[str]:
