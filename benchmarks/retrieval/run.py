@@ -47,7 +47,6 @@ ROOT = HERE.parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "longmemeval"
 KS = (1, 3, 5, 10)
 MODES = ("mcp", "rest", "lexical")
-APPEND_BATCH = 60
 
 
 def load(
@@ -104,7 +103,9 @@ def bm25_rank(query: str, docs: list[str], k1: float = 1.2, b: float = 0.75) -> 
 # --- the service ---------------------------------------------------------------------------
 
 
-async def ingest(http: httpx.AsyncClient, conversations: list[dict[str, Any]]) -> dict[str, str]:
+async def ingest(
+    http: httpx.AsyncClient, conversations: list[dict[str, Any]], batch_size: int
+) -> dict[str, str]:
     """Store every conversation; return conversation_key -> conversation_id."""
     ids: dict[str, str] = {}
     started = time.perf_counter()
@@ -121,10 +122,10 @@ async def ingest(http: httpx.AsyncClient, conversations: list[dict[str, Any]]) -
         r.raise_for_status()
         cid = r.json()["conversation_id"]
         messages = conv["messages"]
-        for start in range(0, len(messages), APPEND_BATCH):
+        for start in range(0, len(messages), batch_size):
             batch = [
                 {"role": m["role"], "content": m["content"]}
-                for m in messages[start : start + APPEND_BATCH]
+                for m in messages[start : start + batch_size]
             ]
             r = await http.post(
                 "/api/v1/messages", json={"conversation_id": cid, "messages": batch}
@@ -268,7 +269,7 @@ async def run(args: argparse.Namespace, base_url: str, key: str) -> None:
     async with httpx.AsyncClient(
         base_url=base_url, timeout=1800, headers={"Authorization": f"Bearer {key}"}
     ) as http:
-        ids = await ingest(http, conversations)
+        ids = await ingest(http, conversations, args.append_batch)
     ingest_s = time.perf_counter() - started
     started = time.perf_counter()
     results = await evaluate(base_url, key, conversations, questions, ids)
@@ -313,6 +314,7 @@ def main() -> None:
         help="data folder of the started stack (its database is reused)",
     )
     parser.add_argument("--machine", help="machine description for the results")
+    parser.add_argument("--append-batch", type=int, default=60, help="messages per append call")
     parser.add_argument(
         "--embedder",
         choices=["transformer", "hashing"],
