@@ -142,6 +142,20 @@ async def ingest(
     return ids
 
 
+async def stored_ids(http: httpx.AsyncClient) -> dict[str, str]:
+    """conversation_key -> conversation_id of conversations a previous run stored (by title)."""
+    ids: dict[str, str] = {}
+    offset = 0
+    while True:
+        r = await http.get("/api/v1/conversations", params={"limit": 100, "offset": offset})
+        r.raise_for_status()
+        page = r.json()["conversations"]
+        ids.update({c["title"]: c["id"] for c in page if c["title"]})
+        if len(page) < 100:
+            return ids
+        offset += 100
+
+
 def found(spans: list[tuple[int, int]], evidence: list[int], k: int) -> tuple[bool, bool]:
     hit = [any(s <= e + 1 <= t for s, t in spans[:k]) for e in evidence]
     return any(hit), all(hit)
@@ -269,7 +283,17 @@ async def run(args: argparse.Namespace, base_url: str, key: str) -> None:
     async with httpx.AsyncClient(
         base_url=base_url, timeout=1800, headers={"Authorization": f"Bearer {key}"}
     ) as http:
-        ids = await ingest(http, conversations, args.append_batch)
+        if args.reuse:
+            ids = await stored_ids(http)
+            missing = [
+                c["conversation_key"] for c in conversations if c["conversation_key"] not in ids
+            ]
+            if missing:
+                raise SystemExit(
+                    f"{len(missing)} conversations are not stored; run without --reuse"
+                )
+        else:
+            ids = await ingest(http, conversations, args.append_batch)
     ingest_s = time.perf_counter() - started
     started = time.perf_counter()
     results = await evaluate(base_url, key, conversations, questions, ids)
@@ -315,6 +339,11 @@ def main() -> None:
     )
     parser.add_argument("--machine", help="machine description for the results")
     parser.add_argument("--append-batch", type=int, default=60, help="messages per append call")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="ask again over conversations a previous run stored in --data-dir (no ingest)",
+    )
     parser.add_argument(
         "--embedder",
         choices=["transformer", "hashing"],
