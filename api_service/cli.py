@@ -10,7 +10,7 @@ import time
 import asyncpg
 
 from api_service import auth, devstack
-from api_service.cli_support import CliError, database, with_conn
+from api_service.cli_support import CliError, database, on_database
 from api_service.core.errors import ServiceError
 from api_service.core.ids import new_id
 from api_service.limits import month_start, utc_now
@@ -40,8 +40,7 @@ def cmd_org_create(settings: ApiSettings, args: argparse.Namespace) -> None:
         org = await admin.create_org(conn, new_id("org"), args.name, None)
         print(f"created organization {org.name} ({org.org_id})")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -50,8 +49,7 @@ def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
             raise CliError(f"no organization named {args.name!r}")
         print(f"{args.name}: redaction of emails and phone numbers {args.redact_pii}")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -64,8 +62,7 @@ def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
             f"{args.conversations} conversations"
         )
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_plan_set(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -78,8 +75,7 @@ def cmd_plan_set(settings: ApiSettings, args: argparse.Namespace) -> None:
             raise CliError(f"no organization named {args.org!r}")
         print(f"{args.org} is on plan {args.plan}")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_usage(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -101,8 +97,7 @@ def cmd_usage(settings: ApiSettings, args: argparse.Namespace) -> None:
         print(f"storage bytes: {storage} of {plan.storage_bytes}")
         print(f"conversations: {conversations} of {plan.conversations}")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_key_create(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -115,8 +110,7 @@ def cmd_key_create(settings: ApiSettings, args: argparse.Namespace) -> None:
         print(f"key id:  {key.key_id}\nscopes:  {','.join(key.scopes)}\nexpires: {expires}")
         print(f"api key: {secret}\n(shown once: it is stored only as a hash)")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_key_revoke(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -126,8 +120,7 @@ def cmd_key_revoke(settings: ApiSettings, args: argparse.Namespace) -> None:
             raise CliError(f"no key with id {args.key_id!r}; see: memctl key list --org NAME")
         print(f"revoked {key.key_id}")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def cmd_key_list(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -144,8 +137,7 @@ def cmd_key_list(settings: ApiSettings, args: argparse.Namespace) -> None:
             expires = k.expires_at.isoformat(timespec="seconds") if k.expires_at else "never"
             print(f"{k.key_id:<22} {k.prefix:<12} {','.join(k.scopes):<11} {expires:<26} {status}")
 
-    with database(settings) as url:
-        asyncio.run(with_conn(url, work))
+    on_database(settings, work)
 
 
 def build_parser() -> argparse.ArgumentParser:

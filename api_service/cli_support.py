@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,3 +38,9 @@ async def with_conn(url: str, work: Callable[[Conn], Any]) -> Any:
             return await work(conn)
     finally:
         await pool.close()
+
+
+def on_database(settings: ApiSettings, work: Callable[[Conn], Any]) -> Any:
+    """Run `work` with a connection to the configured (or embedded) database, migrated."""
+    with database(settings) as url:
+        return asyncio.run(with_conn(url, work))

@@ -61,21 +61,41 @@ def main() -> None:
         [embedder.embed(embedder.tokenize(texts[i : i + 2000])) for i in range(0, len(texts), 2000)]
     ).astype(np.float32)
     queries = embedder.embed(embedder.tokenize(questions)).astype(np.float32)
-    ids = [f"chk_{i}" for i in range(len(texts))]
+    measure(
+        vectors,
+        queries,
+        1000,
+        args,
+        "hashing embedder (768-d) of LongMemEval chunks and questions",
+        "recall_text.json",
+    )
+
+
+def measure(
+    indexed: np.ndarray,
+    queries: np.ndarray,
+    flat_threshold: int,
+    args: argparse.Namespace,
+    description: str,
+    out_name: str,
+) -> None:
+    """Build one org's index over `indexed` (IVF past `flat_threshold`), and write recall@10
+    of `queries` against exact search."""
+    ids = [f"chk_{i}" for i in range(len(indexed))]
     started = time.perf_counter()
     org = OrgIndex.from_rows(
-        ids, ids, vectors, flat_threshold=1000, target_recall=args.target_recall
+        ids, ids, indexed, flat_threshold=flat_threshold, target_recall=args.target_recall
     )
     build_s = time.perf_counter() - started
-    truth = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+    truth = np.argsort(-(queries @ indexed.T), axis=1)[:, :10]
     hits = 0
     for q, t in zip(queries, truth, strict=True):
         found = {int(h.chunk_id[4:]) for h in org.search(q[None, :], 10, [])}
         hits += len(found & set(t.tolist()))
     result = {
-        "vectors": "hashing embedder (768-d) of LongMemEval chunks and questions",
-        "chunks": len(texts),
-        "queries": len(questions),
+        "vectors": description,
+        "chunks": len(indexed),
+        "queries": len(queries),
         "index_kind": org.kind,
         "nlist": getattr(org._store, "nlist", None),
         "nprobe": getattr(org._store, "nprobe", None),
@@ -85,7 +105,7 @@ def main() -> None:
     }
     print(result, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recall_text.json").write_text(json.dumps(result, indent=2))
+    (args.out / out_name).write_text(json.dumps(result, indent=2))
 
 
 def measure_stored(args: argparse.Namespace) -> None:
@@ -108,33 +128,15 @@ def measure_stored(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     held_out = rng.random(len(vectors)) < 0.1
     queries, indexed = vectors[held_out], vectors[~held_out]
-    ids = [f"chk_{i}" for i in range(len(indexed))]
-    started = time.perf_counter()
-    flat_threshold = max(100, len(indexed) // 10)  # low enough to force IVF
-    org = OrgIndex.from_rows(
-        ids, ids, indexed, flat_threshold=flat_threshold, target_recall=args.target_recall
-    )
-    build_s = time.perf_counter() - started
-    truth = np.argsort(-(queries @ indexed.T), axis=1)[:, :10]
-    hits = 0
-    for q, t in zip(queries, truth, strict=True):
-        found = {int(h.chunk_id[4:]) for h in org.search(q[None, :], 10, [])}
-        hits += len(found & set(t.tolist()))
-    result = {
-        "vectors": "all-mpnet-base-v2 vectors stored by the service (chunks.embedding); "
+    measure(
+        indexed,
+        queries,
+        max(100, len(indexed) // 10),
+        args,  # a threshold that forces IVF
+        "all-mpnet-base-v2 vectors stored by the service (chunks.embedding); "
         "queries are a random 10% of the chunks, left out of the index",
-        "chunks": len(indexed),
-        "queries": len(queries),
-        "index_kind": org.kind,
-        "nlist": getattr(org._store, "nlist", None),
-        "nprobe": getattr(org._store, "nprobe", None),
-        "target_recall": args.target_recall,
-        "build_s": build_s,
-        "recall_at_10": hits / truth.size,
-    }
-    print(result, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recall_model.json").write_text(json.dumps(result, indent=2))
+        "recall_model.json",
+    )
 
 
 if __name__ == "__main__":
