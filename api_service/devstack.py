@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,11 @@ def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
     key_file.touch(mode=0o600)
     key_file.write_text(secret + "\n")
     return secret, True
+
+
+def _in_use(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _wait_ready(
@@ -103,6 +109,12 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
     embed_address = f"127.0.0.1:{args.embed_port}"
     index_address = f"127.0.0.1:{args.index_port}"
     base_url = f"http://127.0.0.1:{args.port}"
+    busy = [port for port in (args.port, args.embed_port, args.index_port) if _in_use(port)]
+    if busy:
+        raise CliError(
+            f"port {', '.join(map(str, busy))} is already in use on 127.0.0.1: stop what runs "
+            "there (another memctl up?) or choose --port, --embed-port and --index-port"
+        )
     print(f"memctl up: data in {data_dir}")
     with database(settings) as url:
         key, created = _dev_key(url, data_dir / "dev-api-key")
@@ -127,7 +139,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         try:
             for module in ("embed_service", "index_service"):
                 print(f"  starting {module}")
-                procs.append(subprocess.Popen([sys.executable, "-m", module], env=env))  # noqa: S603
+                procs.append(_service(module, env))
             _wait_ready(
                 "embed_service (loads the model)",
                 _grpc_ready(embed_address, "embed"),
@@ -136,7 +148,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             )
             _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
             print("  starting api_service")
-            procs.append(subprocess.Popen([sys.executable, "-m", "api_service"], env=env))
+            procs.append(_service("api_service", env))
             _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
             _print_welcome(base_url, key, created, data_dir)
             _supervise(procs)
@@ -172,6 +184,22 @@ MCP client configuration:
 
 Press Ctrl-C to stop.""",
         flush=True,
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when memctl dies, however it dies (Linux)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _service(module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(  # noqa: S603 (our own modules, fixed arguments)
+        [sys.executable, "-m", module],
+        env=env,
+        preexec_fn=_die_with_parent,
     )
 
 
@@ -220,6 +248,8 @@ def stack_in_subprocess(
 
     Yields (base_url, api key) once every service is ready; the services' output goes to
     `data_dir/stack.log`. Uses the embedded PostgreSQL (DATABASE_URL is not passed on)."""
+    if _in_use(port):
+        raise CliError(f"port {port} is already in use on 127.0.0.1; choose another")
     data_dir.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
     child_env.pop("DATABASE_URL", None)
@@ -250,7 +280,7 @@ def stack_in_subprocess(
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            proc.kill()  # its services get SIGTERM through their parent-death signal
             proc.wait()

@@ -14,8 +14,8 @@ from api_service.store.records import ChunkRow, Conversation, Message, NewMessag
 SortKey = Literal["created_at", "updated_at", "message_count"]
 Order = Literal["asc", "desc"]
 
-# Full-text matches scored by BM25 per lexical search (the best by ts_rank, when more match).
-LEXICAL_CANDIDATES = 2000
+# Full-text matches scored by BM25 in one lexical search (the best by ts_rank, when more match).
+LEXICAL_CANDIDATES = 300
 
 _CONVERSATION_COLUMNS = (
     "org_id, conversation_id, title, agent_id, tags, metadata, message_count, "
@@ -369,9 +369,10 @@ async def lexical_search(
 ) -> list[ChunkRow]:
     """Chunks ranked by BM25 (k1 = 1.2, b = 0.75) for `query`, within the given conversations.
 
-    The query's words are stemmed as the chunks were ('english'); chunks sharing any of them
-    are the candidates (the GIN index finds them; at most LEXICAL_CANDIDATES, by ts_rank), and
-    term and document frequencies come from the chunks' tsvectors.
+    The query's words are stemmed as the chunks were ('english'). Chunks sharing any of them
+    (found through the GIN index) are ranked by ts_rank, and the best LEXICAL_CANDIDATES are
+    scored by BM25: document frequencies over all the chunks in scope (one index count per
+    query word), lengths in distinct words.
     """
     rows = await conn.fetch(
         """WITH q AS (
@@ -379,31 +380,38 @@ async def lexical_search(
                       to_tsquery('simple', string_agg(DISTINCT quote_literal(lexeme), ' | '))
                           AS tsq
                  FROM unnest(to_tsvector('english', $2)) AS t(lexeme, positions, weights)),
-           scope AS (
-               SELECT c.chunk_id, c.text_search FROM chunks c
+           cand AS (
+               SELECT c.chunk_id, c.text_search, length(c.text_search) AS dl
+                 FROM chunks c, q
+                WHERE c.org_id = $1 AND q.tsq IS NOT NULL AND c.text_search @@ q.tsq
+                  AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
+                ORDER BY ts_rank(c.text_search, q.tsq) DESC
+                LIMIT $5),
+           n AS (
+               SELECT count(*) AS v FROM chunks c
                 WHERE c.org_id = $1
                   AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))),
-           cand AS (
-               SELECT s.chunk_id, s.text_search FROM scope s, q
-                WHERE q.tsq IS NOT NULL AND s.text_search @@ q.tsq
-                ORDER BY ts_rank(s.text_search, q.tsq) DESC
-                LIMIT $5),
-           lex AS (
-               SELECT cand.chunk_id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf
-                 FROM cand, unnest(cand.text_search) AS u(lexeme, positions, weights)),
-           dl AS (SELECT chunk_id, sum(tf) AS len FROM lex GROUP BY chunk_id),
-           avgdl AS (SELECT avg(len) AS v FROM dl),
-           n AS (SELECT count(*) AS v FROM scope),
            df AS (
-               SELECT l.lexeme, count(*) AS v FROM lex l, q
-                WHERE l.lexeme = ANY(q.terms) GROUP BY l.lexeme),
+               SELECT t.lexeme,
+                      (SELECT count(*) FROM chunks c
+                        WHERE c.org_id = $1
+                          AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
+                          AND c.text_search @@ to_tsquery('simple', quote_literal(t.lexeme)))
+                          AS v
+                 FROM q, unnest(q.terms) AS t(lexeme)),
+           avgdl AS (SELECT greatest(avg(dl), 1) AS v FROM cand),
+           tf AS (
+               SELECT cand.chunk_id, cand.dl, u.lexeme,
+                      coalesce(array_length(u.positions, 1), 1) AS tf
+                 FROM cand, q, unnest(cand.text_search) AS u(lexeme, positions, weights)
+                WHERE u.lexeme = ANY(q.terms)),
            scored AS (
-               SELECT l.chunk_id,
+               SELECT tf.chunk_id,
                       sum(ln(1 + (n.v - df.v + 0.5) / (df.v + 0.5))
-                          * l.tf * 2.2 / (l.tf + 1.2 * (0.25 + 0.75 * dl.len / avgdl.v)))
+                          * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl.v)))
                           AS score
-                 FROM lex l JOIN df USING (lexeme) JOIN dl USING (chunk_id), n, avgdl
-                GROUP BY l.chunk_id)
+                 FROM tf JOIN df USING (lexeme), n, avgdl
+                GROUP BY tf.chunk_id)
            SELECT c.chunk_id, c.conversation_id, c.start_sequence, c.end_sequence, c.text
              FROM scored s JOIN chunks c ON c.org_id = $1 AND c.chunk_id = s.chunk_id
             ORDER BY s.score DESC, c.chunk_id
