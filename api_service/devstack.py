@@ -212,6 +212,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
         stop = True
 
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (nohup, &)
     try:
         while not stop:
             for p in procs:
@@ -219,9 +220,9 @@ def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
                     print(f"a service exited with status {p.returncode}; stopping the rest")
                     return
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    print("\nstopping...")
+        print("\nstopping...")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C forces
 
 
 def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -278,7 +279,7 @@ def stack_in_subprocess(
         _wait_ready("the stack", _http_ready(f"http://127.0.0.1:{port}/readyz"), [proc], 900)
         yield f"http://127.0.0.1:{port}", (data_dir / "dev-api-key").read_text().strip()
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:

@@ -371,8 +371,10 @@ async def lexical_search(
 
     The query's words are stemmed as the chunks were ('english'). Chunks sharing any of them
     (found through the GIN index) are ranked by ts_rank, and the best LEXICAL_CANDIDATES are
-    scored by BM25: document frequencies over all the chunks in scope (one index count per
-    query word), lengths in distinct words.
+    scored by BM25, lengths in distinct words. Document frequencies are counted among those
+    candidates: exact whenever every chunk that holds a query word is a candidate (a filtered
+    search of a conversation, typically), an estimate for broad org-wide queries, which stay
+    cheap that way.
     """
     rows = await conn.fetch(
         """WITH q AS (
@@ -391,20 +393,13 @@ async def lexical_search(
                SELECT count(*) AS v FROM chunks c
                 WHERE c.org_id = $1
                   AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))),
-           df AS (
-               SELECT t.lexeme,
-                      (SELECT count(*) FROM chunks c
-                        WHERE c.org_id = $1
-                          AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
-                          AND c.text_search @@ to_tsquery('simple', quote_literal(t.lexeme)))
-                          AS v
-                 FROM q, unnest(q.terms) AS t(lexeme)),
            avgdl AS (SELECT greatest(avg(dl), 1) AS v FROM cand),
            tf AS (
                SELECT cand.chunk_id, cand.dl, u.lexeme,
                       coalesce(array_length(u.positions, 1), 1) AS tf
                  FROM cand, q, unnest(cand.text_search) AS u(lexeme, positions, weights)
                 WHERE u.lexeme = ANY(q.terms)),
+           df AS (SELECT lexeme, count(*) AS v FROM tf GROUP BY lexeme),
            scored AS (
                SELECT tf.chunk_id,
                       sum(ln(1 + (n.v - df.v + 0.5) / (df.v + 0.5))
