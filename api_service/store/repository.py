@@ -14,7 +14,10 @@ from api_service.store.records import ChunkRow, Conversation, Message, NewMessag
 SortKey = Literal["created_at", "updated_at", "message_count"]
 Order = Literal["asc", "desc"]
 
-# Full-text matches scored by BM25 in one lexical search (the best by ts_rank, when more match).
+# One lexical search ranks at most LEXICAL_MATCHES full-text matches by ts_rank (a query of
+# common words can match most of an org: the cap bounds its cost) and scores the best
+# LEXICAL_CANDIDATES of them by BM25.
+LEXICAL_MATCHES = 2000
 LEXICAL_CANDIDATES = 300
 
 _CONVERSATION_COLUMNS = (
@@ -370,7 +373,8 @@ async def lexical_search(
     """Chunks ranked by BM25 (k1 = 1.2, b = 0.75) for `query`, within the given conversations.
 
     The query's words are stemmed as the chunks were ('english'). Chunks sharing any of them
-    (found through the GIN index) are ranked by ts_rank, and the best LEXICAL_CANDIDATES are
+    (found through the GIN index, at most LEXICAL_MATCHES) are ranked by ts_rank, and the best
+    LEXICAL_CANDIDATES are
     scored by BM25, lengths in distinct words. Document frequencies are counted among those
     candidates: exact whenever every chunk that holds a query word is a candidate (a filtered
     search of a conversation, typically), an estimate for broad org-wide queries, which stay
@@ -382,12 +386,16 @@ async def lexical_search(
                       to_tsquery('simple', string_agg(DISTINCT quote_literal(lexeme), ' | '))
                           AS tsq
                  FROM unnest(to_tsvector('english', $2)) AS t(lexeme, positions, weights)),
-           cand AS (
-               SELECT c.chunk_id, c.text_search, length(c.text_search) AS dl
+           matches AS MATERIALIZED (
+               SELECT c.chunk_id, c.text_search
                  FROM chunks c, q
                 WHERE c.org_id = $1 AND q.tsq IS NOT NULL AND c.text_search @@ q.tsq
                   AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
-                ORDER BY ts_rank(c.text_search, q.tsq) DESC
+                LIMIT $6),
+           cand AS (
+               SELECT m.chunk_id, m.text_search, length(m.text_search) AS dl
+                 FROM matches m, q
+                ORDER BY ts_rank(m.text_search, q.tsq) DESC
                 LIMIT $5),
            n AS (
                SELECT count(*) AS v FROM chunks c
@@ -416,5 +424,6 @@ async def lexical_search(
         limit,
         None if conversation_ids is None else list(conversation_ids),
         LEXICAL_CANDIDATES,
+        LEXICAL_MATCHES,
     )
     return [ChunkRow(**dict(r)) for r in rows]
