@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -153,6 +154,19 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
     finally:
         await index.stop(0)
         await (service.embed if service else embed).stop(0)
+
+
+async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
+    """Wait until the indexer has done every outbox job (there is no event to await)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while await conn.fetchval("SELECT count(*) FROM index_outbox"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the outbox did not drain")
+            await asyncio.sleep(0.05)
+    finally:
+        await conn.close()
 
 
 @contextlib.asynccontextmanager

@@ -3,11 +3,9 @@ PATCH and delete reflected, and appends that outlive an embed_service outage."""
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
-from tests.api.harness import Service, running_service
+from tests.api.harness import Service, outbox_drained, running_service
 
 
 async def _conversation(http: httpx.AsyncClient, texts: list[str], **body: object) -> str:
@@ -120,10 +118,7 @@ async def test_patch_and_delete_are_reflected(service: Service, key: str) -> Non
         assert all("flowerpot" not in h["chunk_text"] for h in old["results"])
 
         await http.delete(f"/api/v1/conversations/{cid}")
-        for _ in range(100):  # the vector removal goes through the outbox
-            if await service.outbox_size() == 0:
-                break
-            await asyncio.sleep(0.05)
+        await outbox_drained(service.database_url)  # vector removal goes through the outbox
         gone = await mcp.ok("search", query="spare key neighbour Maria")
         assert all(h["conversation_id"] != cid for h in gone["results"])
 
@@ -141,11 +136,7 @@ async def test_appends_survive_an_embed_outage(database_url: str) -> None:
             assert r.status_code == 503 and r.json()["code"] == "unavailable"
 
             await service.start_embed()
-            for _ in range(600):
-                if await service.outbox_size() == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert await service.outbox_size() == 0
+            await outbox_drained(service.database_url)
             found = (
                 await http.get(
                     "/api/v1/search",

@@ -21,7 +21,7 @@ import pytest
 
 from api_service.settings import ApiSettings
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import Service, serve
+from tests.api.harness import Service, outbox_drained, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,18 +108,6 @@ async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[Sta
         yield running
     finally:
         running.close()
-
-
-async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
-    conn = await asyncpg.connect(database_url)
-    try:
-        deadline = time.monotonic() + deadline_s
-        while await conn.fetchval("SELECT count(*) FROM index_outbox"):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the outbox did not drain")
-            await asyncio.sleep(0.1)
-    finally:
-        await conn.close()
 
 
 async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> None:

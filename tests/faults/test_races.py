@@ -13,7 +13,7 @@ import pytest
 
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
-from tests.api.harness import Service
+from tests.api.harness import Service, outbox_drained
 
 
 async def _orphans(database_url: str) -> dict[str, int]:
@@ -141,11 +141,7 @@ async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None
         )
         assert set(results) <= {200, 404}  # an append after the delete finds nothing
         assert results[-4:] == [200] * 4
-        for _ in range(100):  # vector removal goes through the outbox
-            if await service.outbox_size() == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert await service.outbox_size() == 0
+        await outbox_drained(service.database_url)  # vector removal goes through the outbox
         found = (await http.get("/api/v1/search", params={"q": "race on", "limit": 50})).json()
     assert found == {"results": [], "total": 0}
     assert await _orphans(service.database_url) == {"messages": 0, "chunks": 0}
