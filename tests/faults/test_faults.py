@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from api_service.settings import ApiSettings
+from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 from tests.api.harness import Service, outbox_drained, serve
 
@@ -258,3 +259,42 @@ async def test_postgres_restart_gives_503_then_recovers(
                 got = (await http.get(f"/api/v1/conversations/{cid}")).json()
         assert [m["content"] for m in got["messages"]] == ["before", "after"]
         assert got["conversation"]["message_count"] == 2  # nothing half-written
+
+
+async def test_delete_while_the_shard_is_down_converges(database_url: str) -> None:
+    async with stack(database_url, grpc_timeout_seconds=2) as running:
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
+            org_id, key = await service.org_with_key()
+            async with service.rest(key) as http, service.mcp(key) as mcp:
+                keep = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                drop = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                for cid, word in ((keep, "walrus"), (drop, "walrus tusk")):
+                    await http.post(
+                        "/api/v1/messages",
+                        json={
+                            "conversation_id": cid,
+                            "messages": [{"role": "user", "content": word}],
+                        },
+                    )
+                assert (await mcp.ok("search", query="walrus tusk"))["total"] == 2
+
+                running.kill(running.index)
+                assert (await http.delete(f"/api/v1/conversations/{drop}")).json() == {
+                    "deleted": True
+                }
+                await running.start_index()
+                await outbox_drained(database_url)
+                for _ in range(100):  # the API's channel reconnects within its backoff (2 s)
+                    if not (await mcp.call("search", query="walrus"))[0]:
+                        break
+                    await asyncio.sleep(0.1)
+                found = await mcp.ok("search", query="walrus tusk")
+        assert [r["conversation_id"] for r in found["results"]] == [keep]
+        async with grpc.aio.insecure_channel(running.index_address) as channel:
+            stats = await index_pb2_grpc.IndexServiceStub(channel).Stats(
+                index_pb2.StatsRequest(
+                    org_id=org_id, routing_epoch=routing_epoch([running.index_address])
+                )
+            )
+        assert stats.vectors == 1
