@@ -75,6 +75,10 @@ class _Count:
     flushed_total: int  # the org's total in PostgreSQL as last read or written
     pending: int = 0  # counted here, not yet flushed
 
+    @property
+    def total(self) -> int:
+        return self.flushed_total + self.pending
+
 
 class Meter:
     """Counts requests per (org, month) in memory and admits them against the monthly quota."""
@@ -93,11 +97,8 @@ class Meter:
     async def admit(self, org_id: str, monthly_limit: int) -> Admission:
         """Count one request and say whether it is within the quota."""
         now = self._clock()
-        key = (org_id, month_start(now))
-        if key not in self._counts:
-            await self._load(key)
-        count = self._counts[key]
-        used = count.flushed_total + count.pending
+        count = await self._count(org_id, now)
+        used = count.total
         count.pending += 1  # no await between the check and the count: exact on one replica
         allowed = used < monthly_limit
         remaining = max(0, monthly_limit - used - 1) if allowed else 0
@@ -105,11 +106,14 @@ class Meter:
 
     async def used(self, org_id: str) -> int:
         """Requests counted this month, flushed or not."""
-        key = (org_id, month_start(self._clock()))
+        return (await self._count(org_id, self._clock())).total
+
+    async def _count(self, org_id: str, now: datetime) -> _Count:
+        """The org's count for the month of `now`, read from PostgreSQL on first use."""
+        key = (org_id, month_start(now))
         if key not in self._counts:
             await self._load(key)
-        count = self._counts[key]
-        return count.flushed_total + count.pending
+        return self._counts[key]
 
     async def _load(self, key: tuple[str, date]) -> None:
         waiting = self._loading.get(key)
