@@ -38,10 +38,12 @@ class Service:
     base_url: str
     database_url: str
     settings: ApiSettings
-    embed: EmbedServer
-    index: IndexServer
+    # In-process servers, which a test can stop and start; None when they run elsewhere.
+    embed: EmbedServer | None = None
+    index: IndexServer | None = None
 
     async def stop_embed(self) -> None:
+        assert self.embed is not None
         await self.embed.stop(0)
 
     async def start_embed(self) -> None:

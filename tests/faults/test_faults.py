@@ -22,7 +22,7 @@ import pytest
 from api_service.settings import ApiSettings
 from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import Service, outbox_drained, serve
+from tests.api.harness import McpCaller, Service, outbox_drained, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,44 +101,52 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[Stack]:
+async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[tuple[Stack, Service]]:
+    """The processes, and the API served in this test's loop against them."""
     running = Stack(database_url, **api_overrides)
     try:
         await running.start_embed()
         await running.start_index()
-        yield running
+        async with serve(running.settings) as base_url:
+            yield running, Service(base_url, database_url, running.settings)
     finally:
         running.close()
 
 
+async def until_search_answers(mcp: McpCaller) -> None:
+    """Wait for the API's channel to reconnect to a restarted shard (its backoff is 2 s)."""
+    for _ in range(100):
+        if not (await mcp.call("search", query="anything"))[0]:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> None:
-    async with stack(database_url, append_index_wait_seconds=0.2) as running:
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
-            _, key = await service.org_with_key()
-            async with service.rest(key) as http:
-                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+    async with stack(database_url, append_index_wait_seconds=0.2) as (running, service):
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
 
-                async def append(i: int) -> int:
-                    r = await http.post(
-                        "/api/v1/messages",
-                        json={
-                            "conversation_id": cid,
-                            "messages": [{"role": "user", "content": f"kiwi {i}"}],
-                        },
-                    )
-                    return r.status_code
+            async def append(i: int) -> int:
+                r = await http.post(
+                    "/api/v1/messages",
+                    json={
+                        "conversation_id": cid,
+                        "messages": [{"role": "user", "content": f"kiwi {i}"}],
+                    },
+                )
+                return r.status_code
 
-                first = await asyncio.gather(*(append(i) for i in range(20)))
-                running.kill(running.embed)
-                second = await asyncio.gather(*(append(i) for i in range(20, 40)))
-                assert set(first) == set(second) == {200}  # appends succeed during the outage
+            first = await asyncio.gather(*(append(i) for i in range(20)))
+            running.kill(running.embed)
+            second = await asyncio.gather(*(append(i) for i in range(20, 40)))
+            assert set(first) == set(second) == {200}  # appends succeed during the outage
 
-                await running.start_embed()
-                await outbox_drained(database_url)
-                got = (
-                    await http.get(f"/api/v1/conversations/{cid}", params={"message_limit": 500})
-                ).json()
+            await running.start_embed()
+            await outbox_drained(database_url)
+            got = (
+                await http.get(f"/api/v1/conversations/{cid}", params={"message_limit": 500})
+            ).json()
         assert [m["sequence"] for m in got["messages"]] == list(range(1, 41))
         assert sorted(m["content"] for m in got["messages"]) == sorted(
             f"kiwi {i}" for i in range(40)
@@ -157,41 +165,34 @@ async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> 
 
 
 async def test_sigkill_index_shard_gives_503_then_identical_results(database_url: str) -> None:
-    async with stack(database_url, grpc_timeout_seconds=2) as running:
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
-            _, key = await service.org_with_key()
-            async with service.rest(key) as http, service.mcp(key) as mcp:
-                for topic in ("sailing boats", "baking bread", "tax returns", "garden roses"):
-                    cid = (await http.post("/api/v1/conversations", json={})).json()[
-                        "conversation_id"
-                    ]
-                    await http.post(
-                        "/api/v1/messages",
-                        json={
-                            "conversation_id": cid,
-                            "messages": [
-                                {"role": "user", "content": f"{topic} {'and more ' * i}"}
-                                for i in range(9)
-                            ],
-                        },
-                    )
-                queries = ["boats and sailing", "bread", "roses in the garden"]
-                before = [await mcp.ok("search", query=q, limit=6) for q in queries]
+    async with stack(database_url, grpc_timeout_seconds=2) as (running, service):
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            for topic in ("sailing boats", "baking bread", "tax returns", "garden roses"):
+                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                await http.post(
+                    "/api/v1/messages",
+                    json={
+                        "conversation_id": cid,
+                        "messages": [
+                            {"role": "user", "content": f"{topic} {'and more ' * i}"}
+                            for i in range(9)
+                        ],
+                    },
+                )
+            queries = ["boats and sailing", "bread", "roses in the garden"]
+            before = [await mcp.ok("search", query=q, limit=6) for q in queries]
 
-                running.kill(running.index)
-                r = await http.get("/api/v1/search", params={"q": "bread"})
-                assert r.status_code == 503 and r.json()["code"] == "unavailable"
-                assert "retry" in (await mcp.error("search", query="bread")).lower()
-                listed = await http.get("/api/v1/conversations")  # the rest keeps working
-                assert listed.status_code == 200 and listed.json()["total"] == 4
+            running.kill(running.index)
+            r = await http.get("/api/v1/search", params={"q": "bread"})
+            assert r.status_code == 503 and r.json()["code"] == "unavailable"
+            assert "retry" in (await mcp.error("search", query="bread")).lower()
+            listed = await http.get("/api/v1/conversations")  # the rest keeps working
+            assert listed.status_code == 200 and listed.json()["total"] == 4
 
-                await running.start_index()
-                for _ in range(100):  # the API's channel reconnects within its backoff (2 s)
-                    if not (await mcp.call("search", query="bread"))[0]:
-                        break
-                    await asyncio.sleep(0.1)
-                after = [await mcp.ok("search", query=q, limit=6) for q in queries]
+            await running.start_index()
+            await until_search_answers(mcp)
+            after = [await mcp.ok("search", query=q, limit=6) for q in queries]
         assert after == before
 
 
@@ -209,87 +210,78 @@ async def test_postgres_restart_gives_503_then_recovers(
     private_postgres: tuple[str, Any],
 ) -> None:
     url, server = private_postgres
-    async with stack(url, append_index_wait_seconds=2) as running:
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, url, running.settings, None, None)  # type: ignore[arg-type]
-            _, key = await service.org_with_key()
-            async with service.rest(key) as http:
-                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+    async with stack(url, append_index_wait_seconds=2) as (_, service):
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            await http.post(
+                "/api/v1/messages",
+                json={
+                    "conversation_id": cid,
+                    "messages": [{"role": "user", "content": "before"}],
+                },
+            )
+
+            await asyncio.to_thread(server.stop)
+            during = [
                 await http.post(
                     "/api/v1/messages",
                     json={
                         "conversation_id": cid,
-                        "messages": [{"role": "user", "content": "before"}],
+                        "messages": [{"role": "user", "content": "during"}],
+                    },
+                ),
+                await http.get(f"/api/v1/conversations/{cid}"),
+                await http.post("/api/v1/conversations", json={}),
+            ]
+            for r in during:
+                assert r.status_code == 503, r.text
+                assert r.json() == {
+                    "error": "The database is unavailable; retry shortly",
+                    "code": "unavailable",
+                }
+
+            await asyncio.to_thread(server.start)
+            recovered = None
+            for _ in range(100):  # the pool reconnects on its own; no API restart
+                recovered = await http.post(
+                    "/api/v1/messages",
+                    json={
+                        "conversation_id": cid,
+                        "messages": [{"role": "user", "content": "after"}],
                     },
                 )
-
-                await asyncio.to_thread(server.stop)
-                during = [
-                    await http.post(
-                        "/api/v1/messages",
-                        json={
-                            "conversation_id": cid,
-                            "messages": [{"role": "user", "content": "during"}],
-                        },
-                    ),
-                    await http.get(f"/api/v1/conversations/{cid}"),
-                    await http.post("/api/v1/conversations", json={}),
-                ]
-                for r in during:
-                    assert r.status_code == 503, r.text
-                    assert r.json() == {
-                        "error": "The database is unavailable; retry shortly",
-                        "code": "unavailable",
-                    }
-
-                await asyncio.to_thread(server.start)
-                recovered = None
-                for _ in range(100):  # the pool reconnects on its own; no API restart
-                    recovered = await http.post(
-                        "/api/v1/messages",
-                        json={
-                            "conversation_id": cid,
-                            "messages": [{"role": "user", "content": "after"}],
-                        },
-                    )
-                    if recovered.status_code == 200:
-                        break
-                    await asyncio.sleep(0.1)
-                assert recovered is not None and recovered.status_code == 200, recovered.text
-                got = (await http.get(f"/api/v1/conversations/{cid}")).json()
+                if recovered.status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert recovered is not None and recovered.status_code == 200, recovered.text
+            got = (await http.get(f"/api/v1/conversations/{cid}")).json()
         assert [m["content"] for m in got["messages"]] == ["before", "after"]
         assert got["conversation"]["message_count"] == 2  # nothing half-written
 
 
 async def test_delete_while_the_shard_is_down_converges(database_url: str) -> None:
-    async with stack(database_url, grpc_timeout_seconds=2) as running:
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, database_url, running.settings, None, None)  # type: ignore[arg-type]
-            org_id, key = await service.org_with_key()
-            async with service.rest(key) as http, service.mcp(key) as mcp:
-                keep = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
-                drop = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
-                for cid, word in ((keep, "walrus"), (drop, "walrus tusk")):
-                    await http.post(
-                        "/api/v1/messages",
-                        json={
-                            "conversation_id": cid,
-                            "messages": [{"role": "user", "content": word}],
-                        },
-                    )
-                assert (await mcp.ok("search", query="walrus tusk"))["total"] == 2
+    async with stack(database_url, grpc_timeout_seconds=2) as (running, service):
+        org_id, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            keep = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            drop = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            for cid, word in ((keep, "walrus"), (drop, "walrus tusk")):
+                await http.post(
+                    "/api/v1/messages",
+                    json={
+                        "conversation_id": cid,
+                        "messages": [{"role": "user", "content": word}],
+                    },
+                )
+            assert (await mcp.ok("search", query="walrus tusk"))["total"] == 2
 
-                running.kill(running.index)
-                assert (await http.delete(f"/api/v1/conversations/{drop}")).json() == {
-                    "deleted": True
-                }
-                await running.start_index()
-                await outbox_drained(database_url)
-                for _ in range(100):  # the API's channel reconnects within its backoff (2 s)
-                    if not (await mcp.call("search", query="walrus"))[0]:
-                        break
-                    await asyncio.sleep(0.1)
-                found = await mcp.ok("search", query="walrus tusk")
+            running.kill(running.index)
+            assert (await http.delete(f"/api/v1/conversations/{drop}")).json() == {"deleted": True}
+            await running.start_index()
+            await outbox_drained(database_url)
+            await until_search_answers(mcp)
+            found = await mcp.ok("search", query="walrus tusk")
         assert [r["conversation_id"] for r in found["results"]] == [keep]
         async with grpc.aio.insecure_channel(running.index_address) as channel:
             stats = await index_pb2_grpc.IndexServiceStub(channel).Stats(
