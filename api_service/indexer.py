@@ -3,6 +3,9 @@ the org's index shard, then marks the job done. Deletions reach the shards the s
 
 Jobs are leased (run_after moves forward) rather than locked for the whole run, so a crashed
 worker's jobs come back after the lease, and several replicas can drain one outbox.
+
+A second task keeps the term statistics of the orgs it indexed current for lexical search
+(store/lexical.py); a recount of a large org takes seconds, so it never holds up the outbox.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ from dataclasses import dataclass
 import asyncpg
 
 from api_service.clients import EmbedClient, IndexRouter
+from api_service.store import lexical
 
 log = logging.getLogger(__name__)
 
 LEASE_SECONDS = 60
 MAX_BACKOFF_SECONDS = 60.0
 POLL_SECONDS = 1.0
+STATS_CHECK_SECONDS = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +51,21 @@ class Indexer:
         self._batch_size = batch_size
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()  # set, then replaced, after each batch
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._orgs_changed: set[str] = set()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="indexer")
+        self._tasks = [
+            asyncio.create_task(self._run(), name="indexer"),
+            asyncio.create_task(self._keep_term_stats(), name="indexer-term-stats"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     def notify(self) -> None:
         self._wake.set()
@@ -103,9 +113,22 @@ class Indexer:
                 await self._retry_later(job, exc)
             else:
                 await self._pool.execute("DELETE FROM index_outbox WHERE job_id = $1", job.job_id)
+                self._orgs_changed.add(job.org_id)
         self._progress.set()
         self._progress = asyncio.Event()
         return True
+
+    async def _keep_term_stats(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_CHECK_SECONDS)
+            orgs, self._orgs_changed = self._orgs_changed, set()
+            for org_id in sorted(orgs):
+                try:
+                    async with self._pool.acquire() as conn:
+                        await lexical.keep_stats(conn, org_id)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.warning("indexer: term statistics not refreshed (%s)", type(exc).__name__)
+                    self._orgs_changed.add(org_id)
 
     async def _lease(self) -> list[Job]:
         rows = await self._pool.fetch(

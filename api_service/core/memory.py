@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -21,7 +22,7 @@ from api_service.core.ids import chunk_id, new_id
 from api_service.core.ports import IndexWaiter, SemanticIndex
 from api_service.core.redaction import Redactor
 from api_service.settings import Limits
-from api_service.store import admin
+from api_service.store import admin, lexical
 from api_service.store import repository as repo
 from api_service.store.db import Conn
 from api_service.store.records import ChunkRow, NewMessage
@@ -273,15 +274,15 @@ class MemoryService:
                     return {"results": [], "total": 0}
             # Over-fetch: a hit whose chunk was deleted a moment ago is dropped below.
             depth = 2 * limit
-            vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
-            lexical = (
-                await repo.lexical_search(conn, who.org_id, query, depth, allowed) if hybrid else []
-            )
-            ranked = (
-                _fuse(vector_hits, [c.chunk_id for c in lexical])
-                if hybrid
-                else sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable order
-            )
+            if hybrid:  # the two rankings run side by side
+                vector_hits, lexical_ids = await asyncio.gather(
+                    self._semantic.nearest(who.org_id, query, depth, allowed),
+                    lexical.search(conn, who.org_id, query, depth, allowed),
+                )
+                ranked = _fuse(vector_hits, lexical_ids)
+            else:
+                vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
+                ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
             rows = await repo.chunks_by_id(conn, who.org_id, [cid for cid, _ in ranked])
         results = [
             _result(rows[cid], score, snippet_chars) for cid, score in ranked if cid in rows

@@ -14,12 +14,6 @@ from api_service.store.records import ChunkRow, Conversation, Message, NewMessag
 SortKey = Literal["created_at", "updated_at", "message_count"]
 Order = Literal["asc", "desc"]
 
-# One lexical search ranks at most LEXICAL_MATCHES full-text matches by ts_rank (a query of
-# common words can match most of an org: the cap bounds its cost) and scores the best
-# LEXICAL_CANDIDATES of them by BM25.
-LEXICAL_MATCHES = 2000
-LEXICAL_CANDIDATES = 300
-
 _CONVERSATION_COLUMNS = (
     "org_id, conversation_id, title, agent_id, tags, metadata, message_count, "
     "created_at, updated_at"
@@ -361,69 +355,3 @@ async def chunks_by_id(conn: Conn, org_id: str, chunk_ids: Sequence[str]) -> dic
         list(chunk_ids),
     )
     return {r["chunk_id"]: ChunkRow(**dict(r)) for r in rows}
-
-
-async def lexical_search(
-    conn: Conn,
-    org_id: str,
-    query: str,
-    limit: int,
-    conversation_ids: Sequence[str] | None,
-) -> list[ChunkRow]:
-    """Chunks ranked by BM25 (k1 = 1.2, b = 0.75) for `query`, within the given conversations.
-
-    The query's words are stemmed as the chunks were ('english'). Chunks sharing any of them
-    (found through the GIN index, at most LEXICAL_MATCHES) are ranked by ts_rank, and the best
-    LEXICAL_CANDIDATES are
-    scored by BM25, lengths in distinct words. Document frequencies are counted among those
-    candidates: exact whenever every chunk that holds a query word is a candidate (a filtered
-    search of a conversation, typically), an estimate for broad org-wide queries, which stay
-    cheap that way.
-    """
-    rows = await conn.fetch(
-        """WITH q AS (
-               SELECT array_agg(DISTINCT lexeme) AS terms,
-                      to_tsquery('simple', string_agg(DISTINCT quote_literal(lexeme), ' | '))
-                          AS tsq
-                 FROM unnest(to_tsvector('english', $2)) AS t(lexeme, positions, weights)),
-           matches AS MATERIALIZED (
-               SELECT c.chunk_id, c.text_search
-                 FROM chunks c, q
-                WHERE c.org_id = $1 AND q.tsq IS NOT NULL AND c.text_search @@ q.tsq
-                  AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))
-                LIMIT $6),
-           cand AS (
-               SELECT m.chunk_id, m.text_search, length(m.text_search) AS dl
-                 FROM matches m, q
-                ORDER BY ts_rank(m.text_search, q.tsq) DESC
-                LIMIT $5),
-           n AS (
-               SELECT count(*) AS v FROM chunks c
-                WHERE c.org_id = $1
-                  AND ($4::text[] IS NULL OR c.conversation_id = ANY($4::text[]))),
-           avgdl AS (SELECT greatest(avg(dl), 1) AS v FROM cand),
-           tf AS (
-               SELECT cand.chunk_id, cand.dl, u.lexeme,
-                      coalesce(array_length(u.positions, 1), 1) AS tf
-                 FROM cand, q, unnest(cand.text_search) AS u(lexeme, positions, weights)
-                WHERE u.lexeme = ANY(q.terms)),
-           df AS (SELECT lexeme, count(*) AS v FROM tf GROUP BY lexeme),
-           scored AS (
-               SELECT tf.chunk_id,
-                      sum(ln(1 + (n.v - df.v + 0.5) / (df.v + 0.5))
-                          * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl.v)))
-                          AS score
-                 FROM tf JOIN df USING (lexeme), n, avgdl
-                GROUP BY tf.chunk_id)
-           SELECT c.chunk_id, c.conversation_id, c.start_sequence, c.end_sequence, c.text
-             FROM scored s JOIN chunks c ON c.org_id = $1 AND c.chunk_id = s.chunk_id
-            ORDER BY s.score DESC, c.chunk_id
-            LIMIT $3""",
-        org_id,
-        query,
-        limit,
-        None if conversation_ids is None else list(conversation_ids),
-        LEXICAL_CANDIDATES,
-        LEXICAL_MATCHES,
-    )
-    return [ChunkRow(**dict(r)) for r in rows]

@@ -1,0 +1,213 @@
+"""Lexical search: chunks ranked by BM25 (k1 = 1.2, b = 0.75) over PostgreSQL full text.
+
+Words are stemmed as the chunks were ('english'); a chunk's length is its count of distinct
+words. Two plans, by the size of what is searched:
+
+- Exact, for a search narrowed to some conversations and for orgs under EXACT_BELOW chunks:
+  every chunk in scope that holds a query word is scored, with document frequencies counted in
+  that scope (at most MATCH_BUDGET matches are scored: the cap bounds a common word's cost).
+- Org-wide in a large org: document frequencies come from `lexeme_df`, refreshed in the
+  background as the org grows. The search matches on its rarest words, as many as fit
+  MATCH_BUDGET chunks by those frequencies, and scores every query word on those matches, so
+  a query of common words stays cheap and a rare word decides what is found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from asyncpg import Record
+
+from api_service.store.db import Conn
+
+EXACT_BELOW = 5_000
+MATCH_BUDGET = 500
+# Term statistics are recounted once the org's chunk count has moved this far from the count
+# they were taken at; document frequencies that far off change BM25's word weights little.
+STATS_DRIFT = 0.1
+
+# A generic plan cannot see the words to match on, and a LIMIT over matches makes a scan of the
+# whole table or of the org's rows look cheap; either would read every chunk's tsvector instead
+# of the full-text index's matches.
+PLAN_SETTINGS = (
+    "SET LOCAL plan_cache_mode = force_custom_plan; "
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_indexscan = off"
+)
+
+# tf and dl per matched chunk, from the query's lexemes only (setweight marks them, ts_filter
+# keeps them), which is far cheaper than unnesting a whole tsvector.
+_TF = """tf AS (
+    SELECT m.chunk_id, length(m.text_search)::float8 AS dl, u.lexeme,
+           coalesce(array_length(u.positions, 1), 1)::float8 AS tf
+      FROM matches m,
+           unnest(ts_filter(setweight(m.text_search, 'A', $4::text[]), '{a}'))
+               AS u(lexeme, positions, weights))"""
+
+_BM25 = """sum(ln(1 + (n - df.v + 0.5) / (df.v + 0.5))
+              * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl)))"""
+
+# $1 org, $2 limit, $3 the tsquery text of the words to match on, $4 all query lexemes. The
+# tsquery is a parameter, not derived in SQL, so the planner sees it and picks its index.
+_EXACT = f"""WITH matches AS MATERIALIZED (
+        SELECT c.chunk_id, c.text_search
+          FROM chunks c
+         WHERE c.org_id = $1 AND c.text_search @@ to_tsquery('simple', $3)
+           AND ($5::text[] IS NULL OR c.conversation_id = ANY($5::text[]))
+         LIMIT $6),
+    {_TF},
+    df AS (SELECT lexeme, count(*)::float8 AS v FROM tf GROUP BY lexeme),
+    scope AS (
+        SELECT count(*)::float8 AS n FROM chunks c
+         WHERE c.org_id = $1 AND ($5::text[] IS NULL OR c.conversation_id = ANY($5::text[]))),
+    lengths AS (
+        SELECT greatest(avg(dl), 1) AS avgdl FROM (SELECT DISTINCT chunk_id, dl FROM tf) d)
+SELECT tf.chunk_id
+  FROM tf JOIN df USING (lexeme), scope, lengths
+ GROUP BY tf.chunk_id
+ ORDER BY {_BM25} DESC, tf.chunk_id
+ LIMIT $2"""
+
+_ORG_WIDE = f"""WITH matches AS MATERIALIZED (
+        SELECT c.chunk_id, c.text_search
+          FROM chunks c
+         WHERE c.org_id = $1 AND c.text_search @@ to_tsquery('simple', $3)
+         LIMIT $6),
+    {_TF},
+    df AS (SELECT * FROM unnest($4::text[], $5::float8[]) AS df(lexeme, v)),
+    stats AS (SELECT $7::float8 AS n, $8::float8 AS avgdl)
+SELECT tf.chunk_id
+  FROM tf JOIN df USING (lexeme), stats
+ GROUP BY tf.chunk_id
+ ORDER BY {_BM25} DESC, tf.chunk_id
+ LIMIT $2"""
+
+
+async def search(
+    conn: Conn,
+    org_id: str,
+    query: str,
+    limit: int,
+    conversation_ids: Sequence[str] | None,
+) -> list[str]:
+    """Ids of the best `limit` chunks for `query`, within the given conversations if any."""
+    async with conn.transaction():
+        await conn.execute(PLAN_SETTINGS)
+        return await _search(conn, org_id, query, limit, conversation_ids)
+
+
+async def _search(
+    conn: Conn,
+    org_id: str,
+    query: str,
+    limit: int,
+    conversation_ids: Sequence[str] | None,
+) -> list[str]:
+    terms = await conn.fetch(
+        """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df
+             FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
+             LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
+            ORDER BY df, t.lexeme""",
+        org_id,
+        query,
+    )
+    if not terms:
+        return []
+    lexemes = [t["lexeme"] for t in terms]
+    stats = None
+    if conversation_ids is None:
+        stats = await conn.fetchrow(
+            "SELECT chunks, avg_length FROM lexical_stats WHERE org_id = $1", org_id
+        )
+    if stats is None or stats["chunks"] < EXACT_BELOW:
+        rows = await conn.fetch(
+            _EXACT,
+            org_id,
+            limit,
+            " | ".join(t["quoted"] for t in terms),
+            lexemes,
+            None if conversation_ids is None else list(conversation_ids),
+            MATCH_BUDGET,
+        )
+    else:
+        rows = await conn.fetch(
+            _ORG_WIDE,
+            org_id,
+            limit,
+            " | ".join(t["quoted"] for t in _rarest(terms)),
+            lexemes,
+            [float(t["df"]) for t in terms],
+            MATCH_BUDGET,
+            float(stats["chunks"]),
+            max(float(stats["avg_length"]), 1.0),
+        )
+    return [r["chunk_id"] for r in rows]
+
+
+def _rarest(terms: Sequence[Record]) -> list[Record]:
+    """The rarest terms (sorted by df) whose chunks together fit MATCH_BUDGET; at least one."""
+    chosen = [terms[0]]
+    covered = terms[0]["df"]
+    for term in terms[1:]:
+        covered += term["df"]
+        if covered > MATCH_BUDGET:
+            break
+        chosen.append(term)
+    return chosen
+
+
+async def chunk_count(conn: Conn, org_id: str) -> int:
+    """The org's chunk count from its conversations' message counts: one window starts at
+    every third message."""
+    count = await conn.fetchval(
+        "SELECT coalesce(sum((message_count + 2) / 3), 0) FROM conversations WHERE org_id = $1",
+        org_id,
+    )
+    return int(count)
+
+
+async def stats_chunk_count(conn: Conn, org_id: str) -> int | None:
+    """The chunk count the org's term statistics were taken at, or None if never."""
+    count = await conn.fetchval("SELECT chunks FROM lexical_stats WHERE org_id = $1", org_id)
+    return None if count is None else int(count)
+
+
+async def keep_stats(conn: Conn, org_id: str) -> None:
+    """Recount a large org's term statistics if they have drifted; drop a small org's."""
+    count = await chunk_count(conn, org_id)
+    taken = await stats_chunk_count(conn, org_id)
+    if count < EXACT_BELOW:
+        if taken is not None:
+            await conn.execute("DELETE FROM lexical_stats WHERE org_id = $1", org_id)
+            await conn.execute("DELETE FROM lexeme_df WHERE org_id = $1", org_id)
+    elif taken is None or abs(count - taken) > STATS_DRIFT * taken:
+        await refresh_stats(conn, org_id)
+
+
+async def refresh_stats(conn: Conn, org_id: str) -> bool:
+    """Recount the org's term statistics; False if another replica is doing it right now."""
+    async with conn.transaction():
+        if not await conn.fetchval(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended('lexical_stats:' || $1, 0))",
+            org_id,
+        ):
+            return False
+        await conn.execute("DELETE FROM lexeme_df WHERE org_id = $1", org_id)
+        # ts_stat takes its rows from a query text: the org id goes in as a quoted literal.
+        await conn.execute(
+            """INSERT INTO lexeme_df (org_id, lexeme, df)
+               SELECT $1, word, ndoc FROM ts_stat(format(
+                   'SELECT text_search FROM chunks WHERE org_id = %L', $1::text))""",
+            org_id,
+        )
+        # A chunk's length is its count of distinct lexemes, so the lengths sum to the dfs.
+        await conn.execute(
+            """INSERT INTO lexical_stats (org_id, chunks, avg_length)
+               SELECT $1, n, coalesce((SELECT sum(df) FROM lexeme_df WHERE org_id = $1), 0)
+                             / greatest(n, 1)
+                 FROM (SELECT count(*) AS n FROM chunks WHERE org_id = $1) c
+               ON CONFLICT (org_id) DO UPDATE
+                  SET chunks = excluded.chunks, avg_length = excluded.avg_length,
+                      refreshed_at = now()""",
+            org_id,
+        )
+    return True

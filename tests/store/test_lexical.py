@@ -1,0 +1,125 @@
+"""Lexical search on the real PostgreSQL: BM25 order, scope, org isolation, and the org-wide
+plan of a large org (term statistics, matching on the rarest words, the GIN index)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from api_service.store import admin, lexical
+
+FILLER = "we talked about the weather and the garden and the plans for the weekend"
+
+
+async def _seed(conn: asyncpg.Connection, org_id: str, texts: dict[str, list[str]]) -> None:
+    """Conversations of chunks, one chunk per text, with message counts that match."""
+    if await conn.fetchval("SELECT 1 FROM orgs WHERE org_id = $1", org_id) is None:
+        await admin.create_org(conn, org_id, org_id, None)
+    await conn.copy_records_to_table(
+        "conversations",
+        records=[(org_id, cid, 3 * len(chunks)) for cid, chunks in texts.items()],
+        columns=["org_id", "conversation_id", "message_count"],
+    )
+    await conn.copy_records_to_table(
+        "chunks",
+        records=[
+            (org_id, cid, 1 + 3 * i, f"{cid}_w{i}", 3 + 3 * i, text)
+            for cid, chunks in texts.items()
+            for i, text in enumerate(chunks)
+        ],
+        columns=["org_id", "conversation_id", "start_sequence", "chunk_id", "end_sequence", "text"],
+    )
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    connection = await asyncpg.connect(database_url)
+    yield connection
+    await connection.close()
+
+
+async def test_bm25_ranks_the_rare_word_first_and_keeps_to_its_scope(
+    conn: asyncpg.Connection,
+) -> None:
+    await _seed(
+        conn,
+        "org_a",
+        {
+            "conv_1": [
+                f"{FILLER}; the invoice is INV-7731 for the plumber",
+                f"{FILLER}; the plumber came on Monday",
+                f"{FILLER}; the plumber came again, the plumber was late",
+            ],
+            "conv_2": [f"{FILLER}; my plumber said the invoice is coming"],
+        },
+    )
+    await _seed(conn, "org_b", {"conv_b": [f"{FILLER}; invoice INV-7731 plumber plumber"]})
+
+    found = await lexical.search(conn, "org_a", "plumber invoice INV-7731", 10, None)
+    assert found[0] == "conv_1_w0"  # the only chunk with every word, and the rarest
+    assert set(found) == {"conv_1_w0", "conv_1_w1", "conv_1_w2", "conv_2_w0"}
+
+    scoped = await lexical.search(conn, "org_a", "plumber invoice", 10, ["conv_2"])
+    assert scoped == ["conv_2_w0"]
+    assert await lexical.search(conn, "org_a", "the and for", 10, None) == []  # stop words only
+    assert await lexical.search(conn, "org_b", "plumber", 10, None) == ["conv_b_w0"]
+
+
+async def test_large_org_is_searched_org_wide_through_term_statistics(
+    conn: asyncpg.Connection,
+) -> None:
+    size = lexical.EXACT_BELOW + 500
+    chunks = [f"{FILLER}; note {i} about the garden hose" for i in range(size)]
+    chunks[1234] = f"{FILLER}; the quokka photo from Rottnest"
+    chunks[4321] = f"{FILLER}; a second quokka, smiling"
+    await _seed(conn, "org_big", {"conv_big": chunks})
+    await _seed(conn, "org_other", {"conv_other": ["the quokka quokka quokka"]})
+
+    assert await lexical.stats_chunk_count(conn, "org_big") is None
+    await lexical.keep_stats(conn, "org_big")
+    assert await lexical.stats_chunk_count(conn, "org_big") == size
+    df = dict(await conn.fetch("SELECT lexeme, df FROM lexeme_df WHERE org_id = 'org_big'"))
+    assert df["quokka"] == 2 and df["garden"] == size and df["rottnest"] == 1
+
+    found = await lexical.search(conn, "org_big", "garden quokka from Rottnest", 5, None)
+    assert found[:2] == ["conv_big_w1234", "conv_big_w4321"]
+    # Only common words: the match budget bounds the work, and the results are still real.
+    common = await lexical.search(conn, "org_big", "garden weekend", 5, None)
+    assert len(common) == 5 and all(cid.startswith("conv_big_w") for cid in common)
+
+    # Within the drift the statistics stay; an org that shrinks is searched exactly again.
+    await conn.execute(
+        "UPDATE conversations SET message_count = message_count + 30 WHERE org_id = 'org_big'"
+    )
+    await lexical.keep_stats(conn, "org_big")
+    assert await lexical.stats_chunk_count(conn, "org_big") == size
+    await conn.execute("UPDATE conversations SET message_count = 30 WHERE org_id = 'org_big'")
+    await lexical.keep_stats(conn, "org_big")
+    assert await lexical.stats_chunk_count(conn, "org_big") is None
+    assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_big'") == 0
+
+
+async def test_org_wide_matches_come_from_the_full_text_index(conn: asyncpg.Connection) -> None:
+    """A LIMIT over matches tempts the planner into reading every chunk; search forbids it."""
+    texts = [f"note {i}: " + ("the garden hose" if i % 5 == 0 else "a kettle") for i in range(3000)]
+    await _seed(conn, "org_c", {"conv_c": texts})
+    await conn.execute("ANALYZE chunks")
+    async with conn.transaction():
+        await conn.execute(lexical.PLAN_SETTINGS)
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN " + lexical._ORG_WIDE,
+                "org_c",
+                10,
+                "'garden'",
+                ["garden"],
+                [600.0],
+                lexical.MATCH_BUDGET,
+                3000.0,
+                4.0,
+            )
+        )
+    assert "chunks_text_search" in plan and "Seq Scan on chunks" not in plan
