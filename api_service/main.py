@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import uvicorn
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -21,6 +21,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api_service.auth import FailedAuthThrottle
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
@@ -190,23 +191,49 @@ def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
         registry=registry,
     )
 
-    @app.middleware("http")
-    async def measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def measure(scope: Scope, receive: Receive, send: Send, app: ASGIApp) -> None:
+        status = 500  # if the app fails before it answers
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", None) or (
-            "/mcp" if request.url.path.startswith("/mcp") else "other"
-        )
-        latency.labels(request.method, path).observe(time.perf_counter() - start)
-        requests.labels(request.method, path, str(response.status_code)).inc()
-        return response
+        try:
+            await app(scope, receive, send_and_note)
+        finally:
+            route = scope.get("route")  # set by the router on the shared scope
+            path = getattr(route, "path", None) or (
+                "/mcp" if scope["path"].startswith("/mcp") else "other"
+            )
+            latency.labels(scope["method"], path).observe(time.perf_counter() - start)
+            requests.labels(scope["method"], path, str(status)).inc()
+
+    # Plain ASGI, not @app.middleware("http"): that wrapper streams every response through a
+    # task group and costs about a millisecond a request.
+    app.add_middleware(_HttpOnly, handle=measure)
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class _HttpOnly:
+    """ASGI middleware that hands HTTP requests to `handle` and passes anything else through."""
+
+    def __init__(
+        self, app: ASGIApp, handle: Callable[[Scope, Receive, Send, ASGIApp], Awaitable[None]]
+    ) -> None:
+        self._app = app
+        self._handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._handle(scope, receive, send, self._app)
+        else:
+            await self._app(scope, receive, send)
 
 
 def main() -> None:

@@ -10,12 +10,13 @@ from api_service.auth import Principal
 from api_service.core.memory import MemoryService
 
 
-def _principal(request: Request) -> Principal:
+# Async on purpose: FastAPI runs a plain `def` dependency in a worker thread, a hop per request.
+async def _principal(request: Request) -> Principal:
     principal: Principal = request.state.principal  # set by the auth middleware
     return principal
 
 
-def _memory(request: Request) -> MemoryService:
+async def _memory(request: Request) -> MemoryService:
     memory: MemoryService = request.app.state.memory
     return memory
 

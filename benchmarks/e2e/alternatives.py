@@ -1,0 +1,228 @@
+"""What a user would run instead of this service: pgvector HNSW in PostgreSQL, or embedded Chroma.
+
+Both get the same chunks, vectors and queries as the service, are loaded the way a live system
+grows (index first, then rows in batches of 1,000, so every row is indexed on arrival), and are
+searched one query at a time, returning what a search result needs (id, conversation, text).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BATCH = 1_000
+K = 10
+WARMUP = 10
+HNSW_M = 16
+HNSW_EF_CONSTRUCTION = 64
+
+
+@dataclass(frozen=True)
+class Corpus:
+    ids: list[str]  # chunk ids
+    conversation_ids: list[str]
+    texts: list[str]
+    vectors: np.ndarray  # (n, 768) float32, unit norm
+
+
+@dataclass(frozen=True)
+class AlternativeResult:
+    system: str  # "pgvector-hnsw", "chroma"
+    chunks: int
+    ingest_seconds: float
+    ingest_per_second: float  # chunks/s
+    search_p50_ms: float
+    search_p99_ms: float
+    recall_at_10: float  # against the exact top 10 given as `truth`
+    notes: str  # settings used
+
+
+def _recall(found: Sequence[Sequence[str]], truth: Sequence[Sequence[str]]) -> float:
+    hits = sum(len(set(f) & set(t[:K])) for f, t in zip(found, truth, strict=True))
+    return hits / (K * len(truth))
+
+
+def _result(
+    system: str, n: int, ingest_s: float, samples: list[float], recall: float, notes: str
+) -> AlternativeResult:
+    ms = np.array(samples) * 1000
+    return AlternativeResult(
+        system=system,
+        chunks=n,
+        ingest_seconds=ingest_s,
+        ingest_per_second=n / ingest_s,
+        search_p50_ms=float(np.percentile(ms, 50)),
+        search_p99_ms=float(np.percentile(ms, 99)),
+        recall_at_10=recall,
+        notes=notes,
+    )
+
+
+class _LoadProgress:
+    """Reports every 10% of a load with the rate so far: big loads take minutes."""
+
+    def __init__(self, system: str, total: int, progress: Callable[[str], None]) -> None:
+        self.system, self.total, self.progress = system, total, progress
+        self.next_report = 1
+        self.t0 = time.perf_counter()
+
+    def done(self, count: int) -> None:
+        if count * 10 >= self.next_report * self.total:
+            elapsed = time.perf_counter() - self.t0
+            self.progress(
+                f"  {self.system}: loaded {count:,}/{self.total:,} "
+                f"({count / elapsed:,.0f} chunks/s so far)"
+            )
+            self.next_report = count * 10 // self.total + 1
+
+
+async def bench_pgvector(
+    pg_url: str,
+    corpus: Corpus,
+    queries: np.ndarray,
+    truth: list[list[str]],
+    progress: Callable[[str], None],
+) -> AlternativeResult:
+    """pgvector HNSW (inner product on unit vectors, pgvector's default build settings)."""
+    import asyncpg  # imported here: the Chroma half must not need it
+
+    n, dim = corpus.vectors.shape
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        await conn.execute("DROP TABLE IF EXISTS alt_chunks")
+        await conn.execute(
+            "CREATE TABLE alt_chunks (id text PRIMARY KEY, conversation_id text NOT NULL,"
+            f" text text NOT NULL, embedding vector({dim}) NOT NULL)"
+        )
+        # Before the load, as in a live system: each COPY pays for inserting into the graph.
+        await conn.execute(
+            "CREATE INDEX ON alt_chunks USING hnsw (embedding vector_ip_ops)"
+            f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
+        )
+        # pgvector's binary wire format: dim, unused, then big-endian float32s.
+        header = struct.pack(">HH", dim, 0)
+        await conn.set_type_codec(
+            "vector",
+            encoder=lambda v: header + np.asarray(v, dtype=">f4").tobytes(),
+            decoder=lambda b: b,
+            format="binary",
+        )
+
+        report = _LoadProgress("pgvector-hnsw", n, progress)
+        t0 = time.perf_counter()
+        for start in range(0, n, BATCH):
+            end = min(start + BATCH, n)
+            rows = [
+                (corpus.ids[i], corpus.conversation_ids[i], corpus.texts[i], corpus.vectors[i])
+                for i in range(start, end)
+            ]
+            await conn.copy_records_to_table(
+                "alt_chunks", records=rows, columns=["id", "conversation_id", "text", "embedding"]
+            )
+            report.done(end)
+        ingest_s = time.perf_counter() - t0
+
+        # Read back rather than assume: the setting only exists once pgvector is loaded.
+        ef_search = await conn.fetchval("SHOW hnsw.ef_search")
+        # <#> is the negated inner product, so ascending order is most similar first; 10 is K.
+        stmt = await conn.prepare(
+            "SELECT id, conversation_id, text FROM alt_chunks ORDER BY embedding <#> $1 LIMIT 10"
+        )
+        for q in queries[:WARMUP]:
+            await stmt.fetch(q)
+        samples: list[float] = []
+        found: list[list[str]] = []
+        for q in queries:
+            t0 = time.perf_counter()
+            hits = await stmt.fetch(q)
+            samples.append(time.perf_counter() - t0)
+            found.append([r["id"] for r in hits])
+        await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
+    finally:
+        await conn.close()
+
+    notes = (
+        f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
+        f"ef_search={ef_search}; index built before load; COPY batches of {BATCH}"
+    )
+    result = _result("pgvector-hnsw", n, ingest_s, samples, _recall(found, truth), notes)
+    progress(f"  {result}")
+    return result
+
+
+def bench_chroma(
+    folder: Path,
+    corpus: Corpus,
+    queries: np.ndarray,
+    truth: list[list[str]],
+    progress: Callable[[str], None],
+) -> AlternativeResult:
+    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings."""
+    import chromadb  # imported here: heavy, and only this half needs it
+    from chromadb.api.shared_system_client import SharedSystemClient
+    from chromadb.api.types import Metadata
+    from chromadb.config import Settings
+
+    n = len(corpus.ids)
+    # Chroma keeps one open system per path for the process; drop it, or a second run in this
+    # process would still see the collection of the first after the folder is gone.
+    SharedSystemClient.clear_system_cache()
+    shutil.rmtree(folder, ignore_errors=True)
+    # No telemetry: it would add network calls to the timings on a machine without internet.
+    client = chromadb.PersistentClient(
+        path=str(folder), settings=Settings(anonymized_telemetry=False)
+    )
+    # The vectors come precomputed; without this Chroma would set up its own ONNX embedder.
+    collection = client.create_collection(
+        "alt_chunks", metadata={"hnsw:space": "cosine"}, embedding_function=None
+    )
+    batch = min(BATCH, client.get_max_batch_size())
+
+    report = _LoadProgress("chroma", n, progress)
+    t0 = time.perf_counter()
+    for start in range(0, n, batch):
+        end = min(start + batch, n)
+        metadatas: list[Metadata] = [
+            {"conversation_id": c} for c in corpus.conversation_ids[start:end]
+        ]
+        collection.add(
+            ids=corpus.ids[start:end],
+            embeddings=corpus.vectors[start:end],
+            documents=corpus.texts[start:end],
+            metadatas=metadatas,
+        )
+        report.done(end)
+    ingest_s = time.perf_counter() - t0
+
+    def search(q: np.ndarray) -> list[str]:
+        res = collection.query(
+            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
+        )
+        return list(res["ids"][0])
+
+    for q in queries[:WARMUP]:
+        search(q)
+    samples: list[float] = []
+    found: list[list[str]] = []
+    for q in queries:
+        t0 = time.perf_counter()
+        ids = search(q)
+        samples.append(time.perf_counter() - t0)
+        found.append(ids)
+
+    config = collection.configuration_json.get("hnsw") or {}
+    notes = (
+        f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
+        f"M={config.get('max_neighbors')} ef_construction={config.get('ef_construction')} "
+        f"ef_search={config.get('ef_search')}; add batches of {batch}"
+    )
+    result = _result("chroma", n, ingest_s, samples, _recall(found, truth), notes)
+    progress(f"  {result}")
+    return result

@@ -1,0 +1,387 @@
+"""End-to-end benchmark: the whole service, grown to 10k, 100k, 1M chunks in one org, against
+what a user would run instead (pgvector HNSW in the same PostgreSQL, Chroma embedded).
+
+Usage: python benchmarks/e2e/run.py [--sizes 10000 100000] [--embedder hashing] [--queries 200]
+
+Starts `memctl up` (embedded PostgreSQL, embed_service, one index shard, api_service) on its
+own data folder and grows one org through the public REST API with LongMemEval s150
+conversations, repeated under new conversation ids. At each size it measures:
+
+- growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
+  messages a call); each append returns once its chunks are searchable;
+- append: latency p50/p99 of one-message appends, one client (searchable on return);
+- search: REST (hybrid: vectors fused with PostgreSQL full text) and MCP (vectors only)
+  latency p50/p99 over LongMemEval questions, one client, org-wide, limit 10; and the vector
+  ranking's recall@10 against exact search over the org's stored vectors;
+- the alternatives: the org's chunks, with the vectors the service stored, loaded into
+  pgvector (HNSW, in the same PostgreSQL server) and Chroma, and asked the same query vectors
+  (benchmarks/e2e/alternatives.py).
+
+With the hashing embedder (the default) embedding costs microseconds, so the figures are the
+service's own; `--embedder transformer` runs the real model. Writes results/<label>.json,
+.csv and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import gzip
+import itertools
+import json
+import platform
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import grpc
+import httpx
+import numpy as np
+from alternatives import AlternativeResult, Corpus, bench_chroma, bench_pgvector
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from api_service.devstack import stack_in_subprocess
+from api_service.store import lexical
+from api_service.store.embedded import start_embedded
+from memory_proto import embed_pb2, embed_pb2_grpc
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DATA = ROOT.parent / "shared" / "data" / "longmemeval"
+GROWTH_CLIENTS = 4
+GROWTH_BATCH = 50
+K = 10
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ms = np.array(samples) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+def conversations(data: Path) -> Iterator[list[dict[str, str]]]:
+    """LongMemEval s150 conversations' messages, over and over."""
+    with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as f:
+        convs = [
+            [{"role": m["role"], "content": m["content"]} for m in json.loads(line)["messages"]]
+            for line in f
+        ]
+    return itertools.cycle(convs)
+
+
+class Growth:
+    """Grows the org through POST /api/v1/messages, GROWTH_CLIENTS conversations at a time."""
+
+    def __init__(self, http: httpx.AsyncClient, data: Path) -> None:
+        self._http = http
+        self._source = conversations(data)
+        self.chunks = 0
+        self.messages = 0
+
+    async def to(self, target_chunks: int) -> dict[str, float]:
+        start_chunks, start_messages = self.chunks, self.messages
+        started = time.perf_counter()
+        last_report = started
+
+        async def client() -> None:
+            nonlocal last_report
+            while self.chunks < target_chunks:
+                messages = next(self._source)
+                r = await self._http.post("/api/v1/conversations", json={})
+                r.raise_for_status()
+                cid = r.json()["conversation_id"]
+                for i in range(0, len(messages), GROWTH_BATCH):
+                    batch = messages[i : i + GROWTH_BATCH]
+                    r = await self._http.post(
+                        "/api/v1/messages", json={"conversation_id": cid, "messages": batch}
+                    )
+                    r.raise_for_status()
+                    self.messages += len(batch)
+                # One window starts at every third message.
+                self.chunks += (len(messages) + 2) // 3
+                now = time.perf_counter()
+                if now - last_report > 15:
+                    last_report = now
+                    rate = (self.chunks - start_chunks) / (now - started)
+                    left = (target_chunks - self.chunks) / max(rate, 1e-9)
+                    progress(
+                        f"  {self.chunks:,}/{target_chunks:,} chunks, {rate:,.0f} chunks/s, "
+                        f"~{left / 60:.0f} min left"
+                    )
+
+        await asyncio.gather(*(client() for _ in range(GROWTH_CLIENTS)))
+        seconds = time.perf_counter() - started
+        return {
+            "growth_seconds": seconds,
+            "growth_messages_per_s": (self.messages - start_messages) / seconds,
+            "growth_chunks_per_s": (self.chunks - start_chunks) / seconds,
+        }
+
+
+async def append_latency(http: httpx.AsyncClient, count: int) -> tuple[float, float]:
+    r = await http.post("/api/v1/conversations", json={"title": "append latency"})
+    r.raise_for_status()
+    cid = r.json()["conversation_id"]
+    samples = []
+    for i in range(count + 10):
+        t0 = time.perf_counter()
+        r = await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "user", "content": f"note {i}"}]},
+        )
+        r.raise_for_status()
+        if i >= 10:  # warm-up
+            samples.append(time.perf_counter() - t0)
+    return percentiles(samples)
+
+
+async def search_latency(
+    base_url: str, key: str, questions: list[str]
+) -> tuple[dict[str, float], list[list[str]]]:
+    """REST and MCP search latency; the MCP (vector) results, for recall."""
+    headers = {"Authorization": f"Bearer {key}"}
+    rest, mcp_times, found = [], [], []
+    async with (
+        httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http,
+        httpx.AsyncClient(headers=headers, timeout=120) as http2,
+        Client(streamable_http_client(f"{base_url}/mcp", http_client=http2)) as mcp,
+    ):
+        for q in questions[:10]:  # warm-up
+            (await http.get("/api/v1/search", params={"q": q, "limit": K})).raise_for_status()
+        for q in questions:
+            t0 = time.perf_counter()
+            r = await http.get("/api/v1/search", params={"q": q, "limit": K})
+            rest.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            t0 = time.perf_counter()
+            res = await mcp.call_tool("search", {"query": q, "limit": K})
+            mcp_times.append(time.perf_counter() - t0)
+            assert res.structured_content is not None and not res.is_error, res
+            found.append([h["chunk_id"] for h in res.structured_content["results"]])
+    rest_p50, rest_p99 = percentiles(rest)
+    mcp_p50, mcp_p99 = percentiles(mcp_times)
+    figures = {
+        "rest_search_p50_ms": rest_p50,
+        "rest_search_p99_ms": rest_p99,
+        "mcp_search_p50_ms": mcp_p50,
+        "mcp_search_p99_ms": mcp_p99,
+    }
+    return figures, found
+
+
+async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
+    """The questions embedded by the running embed_service, as the service embeds them."""
+    async with grpc.aio.insecure_channel(embed_address) as channel:
+        stub = embed_pb2_grpc.EmbedServiceStub(channel)
+        out = []
+        for start in range(0, len(questions), 64):
+            texts = questions[start : start + 64]
+            reply = await stub.Embed(embed_pb2.EmbedRequest(texts=texts), timeout=600)
+            out.append(np.frombuffer(reply.vectors, "<f4").reshape(len(texts), reply.dim))
+    return np.vstack(out).astype(np.float32)
+
+
+async def settle(pg_url: str) -> None:
+    """Wait until the outbox is empty and the term statistics match the org's size, so no
+    background recount runs while searches are timed."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        while True:
+            pending = await conn.fetchval("SELECT count(*) FROM index_outbox")
+            chunks = await conn.fetchval("SELECT count(*) FROM chunks")
+            counted = await conn.fetchval("SELECT max(chunks) FROM lexical_stats") or 0
+            drift = abs(chunks - counted)
+            if pending == 0 and (
+                chunks < lexical.EXACT_BELOW or drift <= lexical.STATS_DRIFT * counted
+            ):
+                return
+            await asyncio.sleep(2)
+    finally:
+        await conn.close()
+
+
+async def stored_corpus(pg_url: str) -> Corpus:
+    """Every embedded chunk, with the vector the service stored for it (the stack's database
+    holds this one org)."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT chunk_id, conversation_id, text, embedding FROM chunks "
+            "WHERE embedding IS NOT NULL ORDER BY chunk_id"
+        )
+    finally:
+        await conn.close()
+    vectors = np.frombuffer(b"".join(r["embedding"] for r in rows), "<f4").reshape(len(rows), -1)
+    return Corpus(
+        ids=[r["chunk_id"] for r in rows],
+        conversation_ids=[r["conversation_id"] for r in rows],
+        texts=[r["text"] for r in rows],
+        vectors=vectors.astype(np.float32),
+    )
+
+
+def exact_top(corpus: Corpus, queries: np.ndarray) -> list[list[str]]:
+    top: list[list[str]] = []
+    for start in range(0, len(queries), 32):
+        scores = queries[start : start + 32] @ corpus.vectors.T
+        best = np.argsort(-scores, axis=1)[:, :K]
+        top.extend([corpus.ids[j] for j in row] for row in best)
+    return top
+
+
+def recall(found: list[list[str]], truth: list[list[str]]) -> float:
+    hits = sum(len(set(f) & set(t)) for f, t in zip(found, truth, strict=True))
+    return hits / (K * len(truth))
+
+
+async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str) -> list[Any]:
+    lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
+    questions = [json.loads(line)["question"] for line in lines]
+    questions = list(itertools.islice(itertools.cycle(questions), args.queries))
+    rows: list[dict[str, Any]] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=1800) as http:
+        growth = Growth(http, args.data)
+        for size in sorted(args.sizes):
+            progress(f"growing the org to {size:,} chunks")
+            row: dict[str, Any] = {"system": "memory-service", "chunks": size}
+            row.update(await growth.to(size))
+            row["append_p50_ms"], row["append_p99_ms"] = await append_latency(http, 200)
+            progress(f"  append p50 {row['append_p50_ms']:.1f} ms")
+            await settle(pg_url)
+            figures, found = await search_latency(base_url, key, questions)
+            row.update(figures)
+            corpus = await stored_corpus(pg_url)
+            queries = await query_vectors(args.embed_address, questions)
+            truth = exact_top(corpus, queries)
+            row["chunks"] = len(corpus.ids)
+            row["recall_at_10"] = recall(found, truth)
+            progress(f"  service: {row}")
+            rows.append(row)
+            if size > args.alternatives_max:
+                continue
+            for name, result in await alternatives(args, pg_url, corpus, queries, truth):
+                progress(f"  {name}: {result}")
+                rows.append({"system": name, **vars(result), "service_chunks": size})
+    return rows
+
+
+async def alternatives(
+    args: argparse.Namespace,
+    pg_url: str,
+    corpus: Corpus,
+    queries: np.ndarray,
+    truth: list[list[str]],
+) -> list[tuple[str, AlternativeResult]]:
+    out = []
+    if "pgvector" in args.alternatives:
+        out.append(("pgvector", await bench_pgvector(pg_url, corpus, queries, truth, progress)))
+    if "chroma" in args.alternatives:
+        folder = args.data_dir / "chroma"
+        result = await asyncio.to_thread(bench_chroma, folder, corpus, queries, truth, progress)
+        shutil.rmtree(folder, ignore_errors=True)
+        out.append(("chroma", result))
+    return out
+
+
+def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{label}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    fields = sorted({k for r in rows for k in r})
+    with open(out / f"{label}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, out / f"{label}.png", f"memory service vs alternatives, {meta['machine']}")
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    service = [r for r in rows if r["system"] == "memory-service"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    sizes = [r["chunks"] for r in service]
+    for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
+        ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
+        ax1.plot(sizes, [r[f"{key}_p99_ms"] for r in service], "o--", label=f"{label} p99")
+    others = sorted({r["system"] for r in rows} - {"memory-service"})
+    for name in others:
+        alt = [r for r in rows if r["system"] == name]
+        alt_sizes = [r["chunks"] for r in alt]
+        ax1.plot(alt_sizes, [r["search_p50_ms"] for r in alt], "s-", label=f"{name} p50")
+        ax1.plot(
+            alt_sizes,
+            [r["search_p99_ms"] for r in alt],
+            "s--",
+            label=f"{name} p99",
+        )
+    ax1.set(xscale="log", yscale="log", xlabel="chunks in the org", ylabel="search latency (ms)")
+    ax1.legend(fontsize=7)
+    names = ["memory-service", *others]
+    rates = []
+    for name in names:
+        picked = [r for r in rows if r["system"] == name]
+        key = "growth_chunks_per_s" if name == "memory-service" else "ingest_per_second"
+        rates.append(picked[-1][key] if picked else 0)
+    ax2.bar(names, rates)
+    ax2.set(ylabel="ingest, chunks/s (largest size)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("Usage:")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--queries", type=int, default=200, help="search questions per size")
+    parser.add_argument("--embedder", choices=["hashing", "transformer"], default="hashing")
+    parser.add_argument(
+        "--alternatives", nargs="*", default=["pgvector", "chroma"], choices=["pgvector", "chroma"]
+    )
+    parser.add_argument(
+        "--alternatives-max", type=int, default=1_000_000, help="largest size to compare at"
+    )
+    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
+    parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--machine", default=f"{platform.machine()} CPU")
+    args = parser.parse_args()
+    args.embed_address = f"127.0.0.1:{args.port + 1}"
+    shutil.rmtree(args.data_dir, ignore_errors=True)  # every run grows a fresh org
+    progress(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
+    started = time.time()
+    with stack_in_subprocess(args.data_dir, args.port, args.embedder) as (base_url, key):
+        pg_url, server = start_embedded(args.data_dir / "postgres")
+        try:
+            rows = asyncio.run(measure(args, base_url, key, pg_url))
+        finally:
+            server.cleanup()
+    label = f"{args.embedder}-{args.machine.replace(' ', '-').lower()}"
+    meta = {
+        "machine": args.machine,
+        "embedder": args.embedder,
+        "queries": args.queries,
+        "minutes": round((time.time() - started) / 60, 1),
+    }
+    write(rows, args.out, label, meta)
+    progress(f"wrote {args.out / label}.json, .csv and .png")
+
+
+if __name__ == "__main__":
+    main()
