@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from index_service.org_index import OrgIndex
+from index_service.stores import build_ivf
 from tests.index.helpers import DIM, clustered
 
 
@@ -95,3 +96,15 @@ def test_growth_during_a_rebuild_triggers_the_next_one() -> None:
     org.finish_rebuild(store)
     # Fitted to 1500 vectors, now holding 3500: its lists are too few, so rebuild again.
     assert org.size == 3500 and org.needs_rebuild()
+
+
+def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
+    """Equal vectors tie, and any of them is a right answer: calibration must not count the
+    others as misses and end up probing every list."""
+    vectors = np.repeat(clustered(3_000, seed=3), 4, axis=0)
+    store = build_ivf(np.arange(len(vectors), dtype=np.int64), vectors, target_recall=0.97)
+    assert store.nprobe < store.nlist // 2
+    queries = clustered(100, seed=98)
+    scores, _ = store.search(queries, 10, None)
+    best = np.sort(queries @ vectors.T, axis=1)[:, -10:][:, ::-1]
+    assert ((scores >= best[:, -1:] - 1e-5).sum() / scores.size) >= 0.95
