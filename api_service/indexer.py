@@ -11,6 +11,7 @@ A second task keeps the term statistics of the orgs it indexed current for lexic
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ LEASE_SECONDS = 60
 MAX_BACKOFF_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STATS_CHECK_SECONDS = 10.0
+DONE_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,8 @@ class Indexer:
         self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._tasks: list[asyncio.Task[None]] = []
         self._orgs_changed: set[str] = set()
+        self._done_here: set[int] = set()  # the last DONE_REMEMBERED jobs finished here
+        self._done_order: collections.deque[int] = collections.deque()
 
     def start(self) -> None:
         self._tasks = [
@@ -72,10 +76,13 @@ class Indexer:
 
     async def wait_done(self, job_ids: Sequence[int], timeout: float) -> bool:
         """True once none of `job_ids` is left in the outbox (done here or by another replica),
-        checked after each batch this worker finishes and at least every POLL_SECONDS."""
+        checked after each batch this worker finishes and at least every POLL_SECONDS; jobs
+        this worker finished are known without asking the database."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
+            if self._done_here.issuperset(job_ids):
+                return True
             left = await self._pool.fetchval(
                 "SELECT count(*) FROM index_outbox WHERE job_id = ANY($1::bigint[])",
                 list(job_ids),
@@ -103,6 +110,7 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
+        done = []
         for job in jobs:
             try:
                 if job.kind == "delete":
@@ -112,8 +120,15 @@ class Indexer:
             except Exception as exc:  # any failure: keep the job, retry with backoff
                 await self._retry_later(job, exc)
             else:
-                await self._pool.execute("DELETE FROM index_outbox WHERE job_id = $1", job.job_id)
-                self._orgs_changed.add(job.org_id)
+                done.append(job)
+        if done:
+            ids = [job.job_id for job in done]
+            await self._pool.execute("DELETE FROM index_outbox WHERE job_id = ANY($1)", ids)
+            self._done_here.update(ids)
+            self._done_order.extend(ids)
+            while len(self._done_order) > DONE_REMEMBERED:
+                self._done_here.discard(self._done_order.popleft())
+            self._orgs_changed.update(job.org_id for job in done)
         self._progress.set()
         self._progress = asyncio.Event()
         return True
@@ -143,38 +158,44 @@ class Indexer:
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
     async def _index_chunks(self, job: Job) -> None:
-        pending = await self._pool.fetch(
-            "SELECT chunk_id, version, text FROM chunks "
-            "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NULL",
+        rows = await self._pool.fetch(
+            "SELECT chunk_id, conversation_id, version, text, embedding FROM chunks "
+            "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
             job.org_id,
             job.chunk_ids,
         )
+        # Already embedded (by an earlier attempt, or a later job): ready as stored.
+        ready = [
+            (r["chunk_id"], r["conversation_id"], bytes(r["embedding"]))
+            for r in rows
+            if r["embedding"] is not None
+        ]
+        pending = [r for r in rows if r["embedding"] is None]
         for start in range(0, len(pending), self._batch_size):
             batch = pending[start : start + self._batch_size]
             vectors = await self._embedder.embed([r["text"] for r in batch])
-            # Only the version that was embedded is written: a newer text keeps NULL.
-            await self._pool.executemany(
-                "UPDATE chunks SET embedding = $4 "
-                "WHERE org_id = $1 AND chunk_id = $2 AND version = $3",
-                [
-                    (job.org_id, r["chunk_id"], r["version"], v.astype("<f4").tobytes())
-                    for r, v in zip(batch, vectors, strict=True)
-                ],
-            )
-        # A chunk rebuilt meanwhile stays NULL here and is indexed by its own, later job.
-        ready = await self._pool.fetch(
-            "SELECT chunk_id, conversation_id, embedding FROM chunks "
-            "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) AND embedding IS NOT NULL",
-            job.org_id,
-            job.chunk_ids,
-        )
-        if ready:
-            dim = len(ready[0]["embedding"]) // 4
-            await self._index.upsert(
+            blobs = [v.astype("<f4").tobytes() for v in vectors]
+            # Only the version that was embedded is written: a chunk rebuilt meanwhile keeps
+            # NULL and is indexed by its own, later job.
+            stored = await self._pool.fetch(
+                """UPDATE chunks c SET embedding = u.embedding
+                     FROM unnest($2::text[], $3::int[], $4::bytea[])
+                          AS u(chunk_id, version, embedding)
+                    WHERE c.org_id = $1 AND c.chunk_id = u.chunk_id AND c.version = u.version
+                RETURNING c.chunk_id""",
                 job.org_id,
-                [(r["chunk_id"], r["conversation_id"], bytes(r["embedding"])) for r in ready],
-                dim,
+                [r["chunk_id"] for r in batch],
+                [r["version"] for r in batch],
+                blobs,
             )
+            written = {r["chunk_id"] for r in stored}
+            ready += [
+                (r["chunk_id"], r["conversation_id"], blob)
+                for r, blob in zip(batch, blobs, strict=True)
+                if r["chunk_id"] in written
+            ]
+        if ready:
+            await self._index.upsert(job.org_id, ready, len(ready[0][2]) // 4)
             await self._drop_if_deleted(job)
 
     async def _drop_if_deleted(self, job: Job) -> None:

@@ -355,10 +355,7 @@ class MemoryService:
                     text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
                 )
             )
-        await repo.upsert_chunks(conn, org_id, conversation_id, chunks)
-        return await repo.enqueue_index_job(
-            conn, org_id, "upsert", conversation_id, [c.chunk_id for c in chunks]
-        )
+        return await repo.upsert_chunks(conn, org_id, conversation_id, chunks)
 
     async def _await_indexing(self, job_ids: list[int]) -> None:
         if self._indexer is None:

@@ -286,17 +286,22 @@ async def touch_conversation(
 
 async def upsert_chunks(
     conn: Conn, org_id: str, conversation_id: str, chunks: Sequence[ChunkRow]
-) -> None:
-    """Insert or rebuild windows; a rebuilt window drops its stale embedding."""
-    await conn.execute(
-        """INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, end_sequence,
-                               text)
-           SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text
-             FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
-                  AS c(start_sequence, chunk_id, end_sequence, text)
-           ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
-              SET end_sequence = excluded.end_sequence, text = excluded.text,
-                  version = chunks.version + 1, embedding = NULL, updated_at = now()""",
+) -> int:
+    """Insert or rebuild windows (a rebuilt window drops its stale embedding) and queue them
+    for indexing, in one statement; return the outbox job's id."""
+    job_id: int = await conn.fetchval(
+        """WITH written AS (
+               INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
+                                   end_sequence, text)
+               SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text
+                 FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
+                      AS c(start_sequence, chunk_id, end_sequence, text)
+               ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+                  SET end_sequence = excluded.end_sequence, text = excluded.text,
+                      version = chunks.version + 1, embedding = NULL, updated_at = now())
+           INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids)
+           VALUES ($1, 'upsert', $2, $4::text[])
+           RETURNING job_id""",
         org_id,
         conversation_id,
         [c.start_sequence for c in chunks],
@@ -304,6 +309,7 @@ async def upsert_chunks(
         [c.end_sequence for c in chunks],
         [c.text for c in chunks],
     )
+    return job_id
 
 
 async def enqueue_index_job(
