@@ -208,13 +208,14 @@ async def settle(pg_url: str) -> None:
         await conn.close()
 
 
-async def stored_corpus(pg_url: str) -> Corpus:
+async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     """Every embedded chunk, with the vector the service stored for it (the stack's database
-    holds this one org)."""
+    holds this one org); the texts only when an alternative is to load them."""
     conn = await asyncpg.connect(pg_url)
     try:
+        text = "text" if with_texts else "''"
         rows = await conn.fetch(
-            "SELECT chunk_id, conversation_id, text, embedding FROM chunks "
+            f"SELECT chunk_id, conversation_id, {text} AS text, embedding FROM chunks "  # noqa: S608 (a fixed column)
             "WHERE embedding IS NOT NULL ORDER BY chunk_id"
         )
     finally:
@@ -267,7 +268,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
             await settle(pg_url)
             figures, found = await search_latency(base_url, key, questions)
             row.update(figures)
-            corpus = await stored_corpus(pg_url)
+            corpus = await stored_corpus(pg_url, with_texts=size <= args.alternatives_max)
             queries = await query_vectors(args.embed_address, questions)
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
