@@ -263,6 +263,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
             progress(f"growing the org to {size:,} chunks")
             row: dict[str, Any] = {"system": "memory-service", "chunks": size}
             row.update(await growth.to(size))
+            await settle(pg_url)  # no recount or backlog under the timed appends
             row["append_p50_ms"], row["append_p99_ms"] = await append_latency(http, 200)
             progress(f"  append p50 {row['append_p50_ms']:.1f} ms")
             await settle(pg_url)
