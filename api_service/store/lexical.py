@@ -47,7 +47,9 @@ _TF = """tf AS (
 _BM25 = """sum(ln(1 + (n - df.v + 0.5) / (df.v + 0.5))
               * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl)))"""
 
-# $1 org, $2 limit, $3 the tsquery text of the words to match on, $4 all query lexemes. The
+# Both: $1 org, $2 limit, $3 the tsquery text of the words to match on, $4 all query lexemes;
+# exact: $5 the conversations or NULL, $6 the match cap; org-wide: $5 the lexemes' document
+# frequencies, $6 the match cap, $7 the org's chunk count, $8 its average chunk length. The
 # tsquery is a parameter, not derived in SQL, so the planner sees it and picks its index.
 _EXACT = f"""WITH matches AS MATERIALIZED (
         SELECT {_MATCHED}
@@ -95,55 +97,45 @@ async def search(
     """Ids of the best `limit` chunks for `query`, within the given conversations if any."""
     async with conn.transaction():
         await conn.execute(PLAN_SETTINGS)
-        return await _search(conn, org_id, query, limit, conversation_ids)
-
-
-async def _search(
-    conn: Conn,
-    org_id: str,
-    query: str,
-    limit: int,
-    conversation_ids: Sequence[str] | None,
-) -> list[str]:
-    terms = await conn.fetch(
-        """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df
-             FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
-             LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
-            ORDER BY df, t.lexeme""",
-        org_id,
-        query,
-    )
-    if not terms:
-        return []
-    lexemes = [t["lexeme"] for t in terms]
-    stats = None
-    if conversation_ids is None:
-        stats = await conn.fetchrow(
-            "SELECT chunks, avg_length FROM lexical_stats WHERE org_id = $1", org_id
-        )
-    if stats is None or stats["chunks"] < EXACT_BELOW:
-        rows = await conn.fetch(
-            _EXACT,
+        terms = await conn.fetch(
+            """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df
+                 FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
+                 LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
+                ORDER BY df, t.lexeme""",
             org_id,
-            limit,
-            " | ".join(t["quoted"] for t in terms),
-            lexemes,
-            None if conversation_ids is None else list(conversation_ids),
-            MATCH_BUDGET,
+            query,
         )
-    else:
-        rows = await conn.fetch(
-            _ORG_WIDE,
-            org_id,
-            limit,
-            " | ".join(t["quoted"] for t in _rarest(terms)),
-            lexemes,
-            [float(t["df"]) for t in terms],
-            MATCH_BUDGET,
-            float(stats["chunks"]),
-            max(float(stats["avg_length"]), 1.0),
-        )
-    return [r["chunk_id"] for r in rows]
+        if not terms:
+            return []
+        lexemes = [t["lexeme"] for t in terms]
+        stats = None
+        if conversation_ids is None:
+            stats = await conn.fetchrow(
+                "SELECT chunks, avg_length FROM lexical_stats WHERE org_id = $1", org_id
+            )
+        if stats is None or stats["chunks"] < EXACT_BELOW:
+            rows = await conn.fetch(
+                _EXACT,
+                org_id,
+                limit,
+                " | ".join(t["quoted"] for t in terms),
+                lexemes,
+                None if conversation_ids is None else list(conversation_ids),
+                MATCH_BUDGET,
+            )
+        else:
+            rows = await conn.fetch(
+                _ORG_WIDE,
+                org_id,
+                limit,
+                " | ".join(t["quoted"] for t in _rarest(terms)),
+                lexemes,
+                [float(t["df"]) for t in terms],
+                MATCH_BUDGET,
+                float(stats["chunks"]),
+                max(float(stats["avg_length"]), 1.0),
+            )
+        return [r["chunk_id"] for r in rows]
 
 
 def _rarest(terms: Sequence[Record]) -> list[Record]:
