@@ -333,9 +333,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax1.set_title("search latency (p50 unless marked)")
     ax1.legend(fontsize=7)
 
-    largest = max(r.get("service_chunks", r["chunks"]) for r in rows)
+    # The comparison panels are drawn at the largest size the alternatives ran at.
+    largest = max((r["service_chunks"] for r in others), default=service[-1]["chunks"])
     at_largest = [r for r in others if r["service_chunks"] == largest]
-    top = service[-1]
+    top = min(service, key=lambda r: abs(r["chunks"] - largest))
     ax2.scatter([top["mcp_search_p50_ms"]], [top["recall_at_10"]], label="memory service (MCP)")
     for r in at_largest:
         ax2.scatter([r["search_p50_ms"]], [r["recall_at_10"]], marker="s", label=r["system"])
@@ -374,7 +375,15 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--machine", default=f"{platform.machine()} CPU")
+    parser.add_argument(
+        "--replot", type=Path, help="only redraw the PNG of a results JSON written before"
+    )
     args = parser.parse_args()
+    if args.replot:
+        results = json.loads(args.replot.read_text())
+        title = f"memory service vs alternatives, {results['machine']}"
+        plot(results["rows"], args.replot.with_suffix(".png"), title)
+        return
     args.embed_address = f"127.0.0.1:{args.port + 1}"
     shutil.rmtree(args.data_dir, ignore_errors=True)  # every run grows a fresh org
     progress(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
