@@ -61,7 +61,9 @@ class OrgIndex:
         self._next_label = 0
         self._store: VectorStore = FlatStore(dim)
         self._built_size = 0
-        self._changes: list[Change] | None = None
+        self._changes: list[Change] | None = None  # recorded while a rebuild runs
+        self._replayed = 0  # how many of them the rebuilt store has had
+        self._snapshot_size = 0
 
     @classmethod
     def from_rows(
@@ -160,6 +162,8 @@ class OrgIndex:
         labels, vectors = self._store.export()
         order = np.argsort(labels)
         self._changes = []
+        self._replayed = 0
+        self._snapshot_size = int(labels.size)
         return Snapshot(labels[order], vectors[order])
 
     def build(self, snapshot: Snapshot) -> VectorStore:
@@ -168,19 +172,30 @@ class OrgIndex:
             snapshot.labels, snapshot.vectors, self.dim, self._flat_threshold, self._target_recall
         )
 
-    def finish_rebuild(self, store: VectorStore | None) -> None:
-        """Replay the changes since the snapshot onto `store` and switch to it (None: abandon)."""
-        changes, self._changes = self._changes or [], None
-        if store is None:
-            return
-        # The size the store was fitted to; growth by replay counts toward the next rebuild.
-        fitted = store.ntotal
-        for removed, added, vectors in changes:
+    def catch_up(self, store: VectorStore) -> int:
+        """Replay onto the rebuilt `store` the changes recorded since the last replay; return
+        how many. Needs no lock: `store` serves nothing yet, and the changes list only grows
+        meanwhile. Catching up first leaves `finish_rebuild`, which holds the org's lock, only
+        the last few: an org growing fast during a long build would otherwise stall there."""
+        changes = self._changes or []
+        upto = len(changes)
+        for removed, added, vectors in changes[self._replayed : upto]:
             store.remove(removed)
             if added.size:
                 store.add(added, vectors)
+        count, self._replayed = upto - self._replayed, upto
+        return count
+
+    def finish_rebuild(self, store: VectorStore | None) -> None:
+        """Replay the changes not yet caught up onto `store` and switch to it (None: abandon)."""
+        if store is None:
+            self._changes = None
+            return
+        self.catch_up(store)
+        self._changes = None
         self._store = store
-        self._built_size = fitted
+        # The size the store was fitted to; growth by replay counts toward the next rebuild.
+        self._built_size = self._snapshot_size
 
     def _apply(self, removed: Labels, added: Labels, vectors: Matrix) -> None:
         self._store.remove(removed)

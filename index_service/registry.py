@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# A rebuild replays the writes made during its build without the org's lock, in rounds, until
+# a round finds at most CAUGHT_UP of them; the rest are replayed under the lock at the switch.
+CATCH_UP_ROUNDS = 5
+CAUGHT_UP = 16
+
 
 class Source(Protocol):
     """Where orgs are rebuilt from (PostgreSQL in production)."""
@@ -227,6 +232,10 @@ class Registry:
             store = None
             try:
                 store = await self._run(org.index.build, snapshot)
+                # Writes made during the build are replayed unlocked until few are left.
+                for _ in range(CATCH_UP_ROUNDS):
+                    if await self._run(org.index.catch_up, store) <= CAUGHT_UP:
+                        break
             finally:
                 await self._locked(org, org.index.finish_rebuild, store)
                 del store, snapshot

@@ -108,3 +108,22 @@ def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
     scores, _ = store.search(queries, 10, None)
     best = np.sort(queries @ vectors.T, axis=1)[:, -10:][:, ::-1]
     assert ((scores >= best[:, -1:] - 1e-5).sum() / scores.size) >= 0.95
+
+
+def test_a_rebuild_catches_up_before_its_switch() -> None:
+    """Writes made during the build reach the new store unlocked, in order; the switch replays
+    only what came after, and the fitted size stays the snapshot's."""
+    org, vectors = _org(3000, threshold=1000)
+    store = org.build(org.begin_rebuild())
+    fresh = clustered(2, seed=43)
+    org.upsert(["early"], ["convE"], fresh[:1])
+    org.delete(["c9"], [])
+    assert org.catch_up(store) == 2
+    assert org.catch_up(store) == 0
+    org.upsert(["early"], ["convE"], fresh[1:])  # replaces the caught-up vector
+    org.finish_rebuild(store)
+    assert org.size == 3000
+    assert org.search(fresh[1:], 1, [])[0].chunk_id == "early"
+    assert store.ntotal == 3000  # the replaced vector left no stale copy in the new store
+    assert "c9" not in {h.chunk_id for h in org.search(vectors[9][None, :], 5, [])}
+    assert not org.needs_rebuild()  # fitted to the 3000 of the snapshot
