@@ -158,6 +158,17 @@ async def running_service(database_url: str, **overrides: Any) -> AsyncIterator[
         await (service.embed if service else embed).stop(0)
 
 
+async def say(http: httpx.AsyncClient, conversation_id: str, content: str) -> httpx.Response:
+    """Append one user message to a conversation over REST."""
+    return await http.post(
+        "/api/v1/messages",
+        json={
+            "conversation_id": conversation_id,
+            "messages": [{"role": "user", "content": content}],
+        },
+    )
+
+
 async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
     """Wait until the indexer has done every outbox job (there is no event to await)."""
     conn = await asyncpg.connect(database_url)

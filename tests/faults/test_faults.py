@@ -22,7 +22,7 @@ import pytest
 from api_service.settings import ApiSettings
 from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import McpCaller, Service, outbox_drained, serve
+from tests.api.harness import McpCaller, Service, outbox_drained, say, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,14 +128,7 @@ async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> 
             cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
 
             async def append(i: int) -> int:
-                r = await http.post(
-                    "/api/v1/messages",
-                    json={
-                        "conversation_id": cid,
-                        "messages": [{"role": "user", "content": f"kiwi {i}"}],
-                    },
-                )
-                return r.status_code
+                return (await say(http, cid, f"kiwi {i}")).status_code
 
             first = await asyncio.gather(*(append(i) for i in range(20)))
             running.kill(running.embed)
@@ -214,23 +207,11 @@ async def test_postgres_restart_gives_503_then_recovers(
         _, key = await service.org_with_key()
         async with service.rest(key) as http:
             cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
-            await http.post(
-                "/api/v1/messages",
-                json={
-                    "conversation_id": cid,
-                    "messages": [{"role": "user", "content": "before"}],
-                },
-            )
+            await say(http, cid, "before")
 
             await asyncio.to_thread(server.stop)
             during = [
-                await http.post(
-                    "/api/v1/messages",
-                    json={
-                        "conversation_id": cid,
-                        "messages": [{"role": "user", "content": "during"}],
-                    },
-                ),
+                await say(http, cid, "during"),
                 await http.get(f"/api/v1/conversations/{cid}"),
                 await http.post("/api/v1/conversations", json={}),
             ]
@@ -244,13 +225,7 @@ async def test_postgres_restart_gives_503_then_recovers(
             await asyncio.to_thread(server.start)
             recovered = None
             for _ in range(100):  # the pool reconnects on its own; no API restart
-                recovered = await http.post(
-                    "/api/v1/messages",
-                    json={
-                        "conversation_id": cid,
-                        "messages": [{"role": "user", "content": "after"}],
-                    },
-                )
+                recovered = await say(http, cid, "after")
                 if recovered.status_code == 200:
                     break
                 await asyncio.sleep(0.1)
@@ -267,13 +242,7 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
             keep = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
             drop = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
             for cid, word in ((keep, "walrus"), (drop, "walrus tusk")):
-                await http.post(
-                    "/api/v1/messages",
-                    json={
-                        "conversation_id": cid,
-                        "messages": [{"role": "user", "content": word}],
-                    },
-                )
+                await say(http, cid, word)
             assert (await mcp.ok("search", query="walrus tusk"))["total"] == 2
 
             running.kill(running.index)

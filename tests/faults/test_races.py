@@ -13,7 +13,7 @@ import pytest
 
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
-from tests.api.harness import Service, outbox_drained
+from tests.api.harness import Service, outbox_drained, say
 
 
 async def _orphans(database_url: str) -> dict[str, int]:
@@ -123,14 +123,7 @@ async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None
         ]
 
         async def append(cid: str, i: int) -> int:
-            r = await http.post(
-                "/api/v1/messages",
-                json={
-                    "conversation_id": cid,
-                    "messages": [{"role": "user", "content": f"race {i} on {cid}"}],
-                },
-            )
-            return r.status_code
+            return (await say(http, cid, f"race {i} on {cid}")).status_code
 
         async def delete(cid: str) -> int:
             await asyncio.sleep(0)
@@ -163,10 +156,7 @@ async def test_logs_hold_no_key_and_no_content(
         cid = (await http.post("/api/v1/conversations", json={"title": secret_text})).json()[
             "conversation_id"
         ]
-        await http.post(
-            "/api/v1/messages",
-            json={"conversation_id": cid, "messages": [{"role": "user", "content": secret_text}]},
-        )
+        await say(http, cid, secret_text)
         await mcp.ok("search", query=secret_text)
         await mcp.error("search", query=secret_text, limit=999)
         await http.get("/api/v1/search", params={"q": secret_text, "limit": 999})
