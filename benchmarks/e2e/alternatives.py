@@ -46,17 +46,23 @@ class AlternativeResult:
     notes: str  # settings used
 
 
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """p50 and p99 in milliseconds of latencies in seconds."""
+    ms = np.array(samples) * 1000
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
 def _result(
     system: str, n: int, ingest_s: float, samples: list[float], recall: float, notes: str
 ) -> AlternativeResult:
-    ms = np.array(samples) * 1000
+    p50, p99 = percentiles(samples)
     return AlternativeResult(
         system=system,
         chunks=n,
         ingest_seconds=ingest_s,
         ingest_per_second=n / ingest_s,
-        search_p50_ms=float(np.percentile(ms, 50)),
-        search_p99_ms=float(np.percentile(ms, 99)),
+        search_p50_ms=p50,
+        search_p99_ms=p99,
         recall_at_10=recall,
         notes=notes,
     )

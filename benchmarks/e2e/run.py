@@ -41,7 +41,13 @@ import asyncpg
 import grpc
 import httpx
 import numpy as np
-from alternatives import AlternativeResult, Corpus, bench_chroma, bench_pgvector
+from alternatives import (
+    AlternativeResult,
+    Corpus,
+    bench_chroma,
+    bench_pgvector,
+    percentiles,
+)
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -60,11 +66,6 @@ K = 10
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def percentiles(samples: list[float]) -> tuple[float, float]:
-    ms = np.array(samples) * 1000
-    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
 def conversations(data: Path) -> Iterator[list[dict[str, str]]]:
