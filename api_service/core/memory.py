@@ -225,7 +225,7 @@ class MemoryService:
             freed = await repo.delete_conversation(conn, who.org_id, conversation_id)
             if freed is None:
                 raise conversation_not_found()
-            await repo.enqueue_index_job(conn, who.org_id, "delete", conversation_id)
+            await repo.enqueue_delete_job(conn, who.org_id, conversation_id)
             await self._charge(conn, who, storage_bytes=-freed, conversations=-1)
         if self._indexer is not None:
             self._indexer.notify()

@@ -97,10 +97,14 @@ async def search(
     """Ids of the best `limit` chunks for `query`, within the given conversations if any."""
     async with conn.transaction():
         await conn.execute(PLAN_SETTINGS)
+        # The query's lexemes, each with its df, and the org's statistics on every row (NULL
+        # if never counted): one round trip.
         terms = await conn.fetch(
-            """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df
+            """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df,
+                      s.chunks, s.avg_length
                  FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
                  LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
+                 LEFT JOIN lexical_stats s ON s.org_id = $1
                 ORDER BY df, t.lexeme""",
             org_id,
             query,
@@ -108,12 +112,8 @@ async def search(
         if not terms:
             return []
         lexemes = [t["lexeme"] for t in terms]
-        stats = None
-        if conversation_ids is None:
-            stats = await conn.fetchrow(
-                "SELECT chunks, avg_length FROM lexical_stats WHERE org_id = $1", org_id
-            )
-        if stats is None or stats["chunks"] < EXACT_BELOW:
+        stats = terms[0]
+        if conversation_ids is not None or stats["chunks"] is None or stats["chunks"] < EXACT_BELOW:
             rows = await conn.fetch(
                 _EXACT,
                 org_id,

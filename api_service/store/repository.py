@@ -312,20 +312,14 @@ async def upsert_chunks(
     return job_id
 
 
-async def enqueue_index_job(
-    conn: Conn,
-    org_id: str,
-    kind: Literal["upsert", "delete"],
-    conversation_id: str,
-    chunk_ids: Sequence[str] = (),
-) -> int:
+async def enqueue_delete_job(conn: Conn, org_id: str, conversation_id: str) -> int:
+    """Queue the removal of a deleted conversation's vectors from the index (upsert jobs are
+    queued by `upsert_chunks`, in the statement that writes the chunks)."""
     job_id: int = await conn.fetchval(
-        "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
-        "VALUES ($1, $2, $3, $4) RETURNING job_id",
+        "INSERT INTO index_outbox (org_id, kind, conversation_id) "
+        "VALUES ($1, 'delete', $2) RETURNING job_id",
         org_id,
-        kind,
         conversation_id,
-        list(chunk_ids),
     )
     return job_id
 
