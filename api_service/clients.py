@@ -79,16 +79,19 @@ class IndexRouter:
     def _stub(self, org_id: str) -> index_pb2_grpc.IndexServiceAsyncStub:
         return self._stubs[shard_for(org_id, self.shards)]
 
-    async def upsert(self, org_id: str, items: Sequence[tuple[str, str, bytes]], dim: int) -> None:
-        """Insert or replace (chunk_id, conversation_id, float32 bytes) items."""
+    async def upsert(
+        self, org_id: str, items: Sequence[tuple[str, str, int, bytes]], dim: int
+    ) -> None:
+        """Insert or replace (chunk_id, conversation_id, version, float32 bytes) items; the shard
+        keeps a newer version it already holds."""
         await self._stub(org_id).Upsert(
             index_pb2.UpsertRequest(
                 org_id=org_id,
                 dim=dim,
                 routing_epoch=self._epoch,
                 items=[
-                    index_pb2.VectorItem(chunk_id=c, conversation_id=v, vector=b)
-                    for c, v, b in items
+                    index_pb2.VectorItem(chunk_id=c, conversation_id=v, version=n, vector=b)
+                    for c, v, n, b in items
                 ],
             ),
             timeout=self._timeout,

@@ -1,6 +1,9 @@
-"""The outbox worker: embeds pending chunks, stores their vectors in PostgreSQL, upserts them to
-the org's index shard, then marks the job done. Deletions reach the shards the same way.
+"""The indexer: embeds pending chunks, stores their vectors in PostgreSQL, upserts them to the
+org's index shard, then marks the outbox job done. Deletions reach the shards the same way.
 
+An append that waits for its chunks indexes them itself, in a task of its own, with the job
+leased to it: no round trip through the outbox. The background worker drains everything else:
+appends that do not wait, jobs whose first attempt failed, and those of a replica that died.
 Jobs are leased (run_after moves forward) rather than locked for the whole run, so a crashed
 worker's jobs come back after the lease, and several replicas can drain one outbox.
 
@@ -15,12 +18,13 @@ import collections
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import asyncpg
 
 from api_service.clients import EmbedClient, IndexRouter
 from api_service.store import lexical
+from api_service.store.records import QueuedChunks
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +45,19 @@ class Job:
     attempts: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    chunk_id: str
+    conversation_id: str
+    version: int
+    text: str
+    embedding: bytes | None  # None: not embedded yet
+
+
 class Indexer:
-    """Drains index_outbox in the background; appends can wait for their own jobs."""
+    """Indexes appends' chunks as they ask, and drains index_outbox in the background."""
+
+    lease_seconds = float(LEASE_SECONDS)
 
     def __init__(
         self, pool: asyncpg.Pool, embedder: EmbedClient, index: IndexRouter, batch_size: int = 64
@@ -54,6 +69,7 @@ class Indexer:
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._tasks: list[asyncio.Task[None]] = []
+        self._own: dict[asyncio.Task[bool], int] = {}  # appends' indexing under way: job ids
         self._orgs_changed: set[str] = set()
         self._done_here: set[int] = set()  # the last DONE_REMEMBERED jobs finished here
         self._done_order: collections.deque[int] = collections.deque()
@@ -65,14 +81,37 @@ class Indexer:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        unfinished = list(self._own.values())
+        for task in [*self._tasks, *self._own]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._own]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if unfinished:  # hand them back now rather than when their lease runs out
+            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await self._pool.execute(
+                    "UPDATE index_outbox SET run_after = now() WHERE job_id = ANY($1::bigint[])",
+                    unfinished,
+                )
 
     def notify(self) -> None:
         self._wake.set()
+
+    async def index_now(self, queued: QueuedChunks, timeout: float) -> bool:
+        """Index the chunks an append just queued, their job leased to the caller. If that
+        fails the job goes to the background worker, which retries it with backoff. True
+        once indexed within `timeout` seconds; past it the indexing goes on regardless."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        task = asyncio.create_task(self._index_own(queued))
+        self._own[task] = queued.job_id
+        task.add_done_callback(self._own.pop)
+        try:
+            if await asyncio.wait_for(asyncio.shield(task), timeout):
+                return True
+        except TimeoutError:
+            return False
+        return await self.wait_done([queued.job_id], deadline - loop.time())
 
     async def wait_done(self, job_ids: Sequence[int], timeout: float) -> bool:
         """True once none of `job_ids` is left in the outbox (done here or by another replica),
@@ -93,6 +132,29 @@ class Indexer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), min(POLL_SECONDS, remaining))
 
+    async def _index_own(self, queued: QueuedChunks) -> bool:
+        job = Job(
+            queued.job_id,
+            queued.org_id,
+            "upsert",
+            queued.conversation_id,
+            [chunk_id for chunk_id, _, _ in queued.chunks],
+            attempts=1,
+        )
+        chunks = [
+            _Chunk(chunk_id, queued.conversation_id, version, text, None)
+            for chunk_id, version, text in queued.chunks
+        ]
+        try:
+            upserted = await self._embed_and_index(job.org_id, chunks)
+            await self._finish([job], upserted={job.job_id} if upserted else set())
+        except Exception as exc:  # any failure: the worker takes the job over
+            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                await self._retry_later(job, exc)  # else the lease runs out
+            self.notify()
+            return False
+        return True
+
     async def _run(self) -> None:
         while True:
             try:
@@ -110,25 +172,19 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
-        done = []
+        done, upserted = [], set()
         for job in jobs:
             try:
                 if job.kind == "delete":
                     await self._index.delete_conversation(job.org_id, job.conversation_id)
-                else:
-                    await self._index_chunks(job)
+                elif await self._index_chunks(job):
+                    upserted.add(job.job_id)
             except Exception as exc:  # any failure: keep the job, retry with backoff
                 await self._retry_later(job, exc)
             else:
                 done.append(job)
         if done:
-            ids = [job.job_id for job in done]
-            await self._pool.execute("DELETE FROM index_outbox WHERE job_id = ANY($1)", ids)
-            self._done_here.update(ids)
-            self._done_order.extend(ids)
-            while len(self._done_order) > DONE_REMEMBERED:
-                self._done_here.discard(self._done_order.popleft())
-            self._orgs_changed.update(job.org_id for job in done)
+            await self._finish(done, upserted)
         self._progress.set()
         self._progress = asyncio.Event()
         return True
@@ -157,23 +213,24 @@ class Indexer:
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
-    async def _index_chunks(self, job: Job) -> None:
+    async def _index_chunks(self, job: Job) -> bool:
         rows = await self._pool.fetch(
             "SELECT chunk_id, conversation_id, version, text, embedding FROM chunks "
             "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
             job.org_id,
             job.chunk_ids,
         )
+        return await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
+
+    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> bool:
+        """Embed the chunks that have no vector yet, store the vectors in PostgreSQL, then upsert
+        every chunk's vector, with its version, to the org's shard. False if none was left."""
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
-        ready = [
-            (r["chunk_id"], r["conversation_id"], bytes(r["embedding"]))
-            for r in rows
-            if r["embedding"] is not None
-        ]
-        pending = [r for r in rows if r["embedding"] is None]
+        ready = [c for c in chunks if c.embedding is not None]
+        pending = [c for c in chunks if c.embedding is None]
         for start in range(0, len(pending), self._batch_size):
             batch = pending[start : start + self._batch_size]
-            vectors = await self._embedder.embed([r["text"] for r in batch])
+            vectors = await self._embedder.embed([c.text for c in batch])
             blobs = [v.astype("<f4").tobytes() for v in vectors]
             # Only the version that was embedded is written: a chunk rebuilt meanwhile keeps
             # NULL and is indexed by its own, later job.
@@ -183,30 +240,53 @@ class Indexer:
                           AS u(chunk_id, version, embedding)
                     WHERE c.org_id = $1 AND c.chunk_id = u.chunk_id AND c.version = u.version
                 RETURNING c.chunk_id""",
-                job.org_id,
-                [r["chunk_id"] for r in batch],
-                [r["version"] for r in batch],
+                org_id,
+                [c.chunk_id for c in batch],
+                [c.version for c in batch],
                 blobs,
             )
             written = {r["chunk_id"] for r in stored}
             ready += [
-                (r["chunk_id"], r["conversation_id"], blob)
-                for r, blob in zip(batch, blobs, strict=True)
-                if r["chunk_id"] in written
+                replace(c, embedding=blob)
+                for c, blob in zip(batch, blobs, strict=True)
+                if c.chunk_id in written
             ]
-        if ready:
-            await self._index.upsert(job.org_id, ready, len(ready[0][2]) // 4)
-            await self._drop_if_deleted(job)
+        if not ready:
+            return False
+        items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
+        await self._index.upsert(org_id, items, len(items[0][3]) // 4)
+        return True
 
-    async def _drop_if_deleted(self, job: Job) -> None:
-        """A delete that committed while this job ran must win over its upsert."""
-        exists = await self._pool.fetchval(
-            "SELECT 1 FROM conversations WHERE org_id = $1 AND conversation_id = $2",
-            job.org_id,
-            job.conversation_id,
+    async def _finish(self, jobs: Sequence[Job], upserted: set[int]) -> None:
+        """Remove the done jobs from the outbox. A delete that committed while an upsert job
+        ran may have cleared the shard before the upsert reached it: the removal is queued
+        again, in the same statement."""
+        checked = [job for job in jobs if job.job_id in upserted]
+        requeued = await self._pool.fetchval(
+            """WITH done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
+                    gone AS (
+                        SELECT DISTINCT j.org_id, j.conversation_id
+                          FROM unnest($2::text[], $3::text[]) AS j(org_id, conversation_id)
+                         WHERE NOT EXISTS (
+                               SELECT 1 FROM conversations c
+                                WHERE c.org_id = j.org_id
+                                  AND c.conversation_id = j.conversation_id)),
+                    queued AS (
+                        INSERT INTO index_outbox (org_id, kind, conversation_id)
+                        SELECT org_id, 'delete', conversation_id FROM gone RETURNING 1)
+               SELECT count(*) FROM queued""",
+            [job.job_id for job in jobs],
+            [job.org_id for job in checked],
+            [job.conversation_id for job in checked],
         )
-        if exists is None:
-            await self._index.delete_conversation(job.org_id, job.conversation_id)
+        ids = [job.job_id for job in jobs]
+        self._done_here.update(ids)
+        self._done_order.extend(ids)
+        while len(self._done_order) > DONE_REMEMBERED:
+            self._done_here.discard(self._done_order.popleft())
+        self._orgs_changed.update(job.org_id for job in jobs)
+        if requeued:
+            self.notify()
 
     async def _retry_later(self, job: Job, exc: Exception) -> None:
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(job.attempts, 10))

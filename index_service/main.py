@@ -31,7 +31,7 @@ class EmptySource:
 
     async def load(self, org_id: str) -> OrgRows:
         """No rows."""
-        return OrgRows([], [], np.empty((0, self._dim), np.float32))
+        return OrgRows([], [], np.empty((0, self._dim), np.float32), [])
 
 
 class IndexServer:

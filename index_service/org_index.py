@@ -49,13 +49,19 @@ def build_store(
 
 
 class OrgIndex:
-    """Vectors of one org keyed by chunk id, with per-conversation label sets for exact filters."""
+    """Vectors of one org keyed by chunk id, with per-conversation label sets for exact filters.
+
+    Each chunk keeps the version it was written with (its row version in PostgreSQL; 0 when
+    the writer gives none): an upsert never replaces a newer version, so writers that race
+    (two appends to one conversation, or two API replicas) cannot leave a stale vector.
+    """
 
     def __init__(self, dim: int, flat_threshold: int, target_recall: float) -> None:
         self.dim = dim
         self._flat_threshold = flat_threshold
         self._target_recall = target_recall
         self._labels: dict[str, int] = {}
+        self._versions: dict[str, int] = {}
         self._owners: dict[int, tuple[str, str]] = {}
         self._by_conversation: dict[str, set[int]] = {}
         self._next_label = 0
@@ -71,20 +77,21 @@ class OrgIndex:
         chunk_ids: list[str],
         conversation_ids: list[str],
         vectors: Matrix,
+        versions: list[int] | None = None,
         *,
         flat_threshold: int,
         target_recall: float,
     ) -> OrgIndex:
         """An index holding the given rows (unit-norm vectors), built in one pass."""
         org = cls(vectors.shape[1], flat_threshold, target_recall)
-        if len(set(chunk_ids)) != len(chunk_ids):
-            # Keep the last row of a repeated chunk id, as a sequence of upserts would.
-            last = {chunk: row for row, chunk in enumerate(chunk_ids)}
-            keep = sorted(last.values())
+        versions = versions or [0] * len(chunk_ids)
+        keep = _newest_rows(chunk_ids, versions)
+        if len(keep) != len(chunk_ids):
             chunk_ids = [chunk_ids[r] for r in keep]
             conversation_ids = [conversation_ids[r] for r in keep]
+            versions = [versions[r] for r in keep]
             vectors = np.ascontiguousarray(vectors[np.array(keep, dtype=np.int64)])
-        labels = org._assign(chunk_ids, conversation_ids)
+        labels = org._assign(chunk_ids, conversation_ids, versions)
         org._store = build_store(labels, vectors, org.dim, flat_threshold, target_recall)
         org._built_size = labels.size
         return org
@@ -98,17 +105,33 @@ class OrgIndex:
         return self._store.kind
 
     def memory_bytes(self) -> int:
-        """Approximate bytes held: the store plus the id bookkeeping (about 200 bytes a chunk)."""
-        return self._store.memory_bytes() + self.size * 200
+        """Approximate bytes held: the store plus the id bookkeeping (about 250 bytes a chunk)."""
+        return self._store.memory_bytes() + self.size * 250
 
-    def upsert(self, chunk_ids: list[str], conversation_ids: list[str], vectors: Matrix) -> int:
-        """Insert or replace chunks; the next search sees them. Returns the number written."""
-        last = {chunk: row for row, chunk in enumerate(chunk_ids)}
-        rows = np.array(sorted(last.values()), dtype=np.int64)
-        chunks = [chunk_ids[r] for r in rows.tolist()]
+    def upsert(
+        self,
+        chunk_ids: list[str],
+        conversation_ids: list[str],
+        vectors: Matrix,
+        versions: list[int] | None = None,
+    ) -> int:
+        """Insert or replace chunks; the next search sees them. An item older than the
+        chunk's current version is skipped. Returns the number written."""
+        versions = versions or [0] * len(chunk_ids)
+        keep = [
+            r
+            for r in _newest_rows(chunk_ids, versions)
+            if versions[r] >= self._versions.get(chunk_ids[r], 0)
+        ]
+        if not keep:
+            return 0
+        rows = np.array(keep, dtype=np.int64)
+        chunks = [chunk_ids[r] for r in keep]
         replaced = np.array([self._labels[c] for c in chunks if c in self._labels], dtype=np.int64)
         self._forget(replaced)
-        labels = self._assign(chunks, [conversation_ids[r] for r in rows.tolist()])
+        labels = self._assign(
+            chunks, [conversation_ids[r] for r in keep], [versions[r] for r in keep]
+        )
         self._apply(replaced, labels, np.ascontiguousarray(vectors[rows]))
         return len(chunks)
 
@@ -204,12 +227,16 @@ class OrgIndex:
         if self._changes is not None:
             self._changes.append((removed, added, vectors))
 
-    def _assign(self, chunk_ids: list[str], conversation_ids: list[str]) -> Labels:
+    def _assign(
+        self, chunk_ids: list[str], conversation_ids: list[str], versions: list[int]
+    ) -> Labels:
         labels = np.empty(len(chunk_ids), dtype=np.int64)
-        for row, (chunk, conversation) in enumerate(zip(chunk_ids, conversation_ids, strict=True)):
+        rows = zip(chunk_ids, conversation_ids, versions, strict=True)
+        for row, (chunk, conversation, version) in enumerate(rows):
             label = self._next_label
             self._next_label += 1
             self._labels[chunk] = label
+            self._versions[chunk] = version
             self._owners[label] = (chunk, conversation)
             self._by_conversation.setdefault(conversation, set()).add(label)
             labels[row] = label
@@ -219,6 +246,7 @@ class OrgIndex:
         for label in labels.tolist():
             chunk, conversation = self._owners.pop(label)
             del self._labels[chunk]
+            del self._versions[chunk]
             members = self._by_conversation[conversation]
             members.discard(label)
             if not members:
@@ -232,3 +260,13 @@ class OrgIndex:
             chunk, conversation = self._owners[label]
             hits.append(Hit(chunk, conversation, float(score)))
         return hits
+
+
+def _newest_rows(chunk_ids: list[str], versions: list[int]) -> list[int]:
+    """Row numbers, in order, of the one row kept per chunk id: its highest version, the last
+    of equals (as a sequence of upserts would keep)."""
+    best: dict[str, int] = {}
+    for row, chunk in enumerate(chunk_ids):
+        if chunk not in best or versions[row] >= versions[best[chunk]]:
+            best[chunk] = row
+    return sorted(best.values())

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 # Ordered by chunk id (the chunks_id unique index serves it without a sort), so every rebuild
 # of the same rows builds the same index and answers the same.
 _ORG_CHUNKS = """
-SELECT chunk_id, conversation_id, embedding FROM chunks
+SELECT chunk_id, conversation_id, version, embedding FROM chunks
 WHERE org_id = $1 AND embedding IS NOT NULL
 ORDER BY chunk_id
 """
@@ -24,11 +24,12 @@ _ORGS = "SELECT org_id FROM orgs ORDER BY org_id"
 
 @dataclass(frozen=True)
 class OrgRows:
-    """An org's embedded chunks: ids and unit-norm vectors, row for row."""
+    """An org's embedded chunks: ids, unit-norm vectors and row versions, row for row."""
 
     chunk_ids: list[str]
     conversation_ids: list[str]
     vectors: Matrix
+    versions: list[int]
 
 
 class PostgresSource:
@@ -60,6 +61,7 @@ class PostgresSource:
         a warning: one bad row must not keep the whole org from being served."""
         chunk_ids: list[str] = []
         conversation_ids: list[str] = []
+        versions: list[int] = []
         blocks: list[Matrix] = []
         width = self._dim * 4
         async with self._acquire() as conn, conn.transaction(readonly=True):
@@ -78,13 +80,13 @@ class PostgresSource:
                         org_id,
                         int((~finite).sum()),
                     )
-                chunk_ids.extend(r["chunk_id"] for r, ok in zip(good, finite, strict=True) if ok)
-                conversation_ids.extend(
-                    r["conversation_id"] for r, ok in zip(good, finite, strict=True) if ok
-                )
+                kept = [r for r, ok in zip(good, finite, strict=True) if ok]
+                chunk_ids.extend(r["chunk_id"] for r in kept)
+                conversation_ids.extend(r["conversation_id"] for r in kept)
+                versions.extend(r["version"] for r in kept)
                 blocks.append(normalize(block[finite], check=False))
         vectors = np.concatenate(blocks) if blocks else np.empty((0, self._dim), np.float32)
-        return OrgRows(chunk_ids, conversation_ids, vectors)
+        return OrgRows(chunk_ids, conversation_ids, vectors, versions)
 
     def _acquire(self) -> asyncpg.pool.PoolAcquireContext:
         if self._pool is None:

@@ -89,10 +89,14 @@ class Registry:
         chunk_ids: list[str],
         conversation_ids: list[str],
         vectors: Matrix,
+        versions: list[int] | None = None,
     ) -> int:
-        """Insert or replace chunks, loading the org first if this shard does not hold it."""
+        """Insert or replace chunks (never by an older version), loading the org first if this
+        shard does not hold it."""
         org = await self._ensure(org_id, epoch)
-        count = await self._locked(org, org.index.upsert, chunk_ids, conversation_ids, vectors)
+        count = await self._locked(
+            org, org.index.upsert, chunk_ids, conversation_ids, vectors, versions
+        )
         self._maybe_rebuild(org_id, org)
         return count
 
@@ -205,6 +209,7 @@ class Registry:
                 rows.chunk_ids,
                 rows.conversation_ids,
                 rows.vectors,
+                rows.versions,
                 flat_threshold=self._flat_threshold,
                 target_recall=self._target_recall,
             )

@@ -68,6 +68,7 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             [item.chunk_id for item in items],
             [item.conversation_id for item in items],
             vectors,
+            [item.version for item in items],
         )
         return index_pb2.UpsertResponse(upserted=upserted)
 

@@ -25,21 +25,27 @@ class VectorItem(_message.Message):
     CHUNK_ID_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     VECTOR_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
     chunk_id: _builtins.str
     """Stable chunk id (e.g. "chk_...")."""
     conversation_id: _builtins.str
     vector: _builtins.bytes
     """dim little-endian float32 values."""
+    version: _builtins.int
+    """The chunk's version (chunks.version in PostgreSQL). An upsert never replaces a newer
+    version of the chunk, so racing writers cannot leave a stale vector; 0: unversioned.
+    """
     def __init__(
         self,
         *,
         chunk_id: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
         vector: _builtins.bytes = ...,
+        version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "conversation_id", b"conversation_id", "vector", b"vector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_id", b"chunk_id", "conversation_id", b"conversation_id", "vector", b"vector", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

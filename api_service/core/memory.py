@@ -19,13 +19,13 @@ from api_service.core.errors import (
     conversation_not_found,
 )
 from api_service.core.ids import chunk_id, new_id
-from api_service.core.ports import IndexWaiter, SemanticIndex
+from api_service.core.ports import Indexing, SemanticIndex
 from api_service.core.redaction import Redactor
 from api_service.settings import Limits
 from api_service.store import admin, lexical
 from api_service.store import repository as repo
 from api_service.store.db import Conn
-from api_service.store.records import ChunkRow, NewMessage
+from api_service.store.records import ChunkRow, NewMessage, QueuedChunks
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class MemoryService:
         pool: asyncpg.Pool,
         limits: Limits,
         semantic: SemanticIndex,
-        indexer: IndexWaiter | None = None,
+        indexer: Indexing | None = None,
         append_wait_seconds: float = 0.0,
     ) -> None:
         self._pool = pool
@@ -123,13 +123,13 @@ class MemoryService:
                 raise conversation_not_found()
             first = count - len(items) + 1
             await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
-            job_id = await self._rebuild_windows(
+            queued = await self._rebuild_windows(
                 conn, who.org_id, conversation_id, first, count, count
             )
             await self._charge(
                 conn, who, storage_bytes=added_bytes, conversations=new_conversations
             )
-        await self._await_indexing([job_id])
+        await self._await_indexing(queued)
         return {
             "appended": len(items),
             "message_ids": message_ids,
@@ -157,11 +157,11 @@ class MemoryService:
                 raise NotFound("Message not found")
             message, delta = updated
             await repo.touch_conversation(conn, who.org_id, conversation_id, delta)
-            job_id = await self._rebuild_windows(
+            queued = await self._rebuild_windows(
                 conn, who.org_id, conversation_id, message.sequence, message.sequence, count
             )
             await self._charge(conn, who, storage_bytes=delta, conversations=0)
-        await self._await_indexing([job_id])
+        await self._await_indexing(queued)
         return {"updated": True, "message": views.message(message)}
 
     async def get_conversation(
@@ -337,8 +337,9 @@ class MemoryService:
         first: int,
         last: int,
         count: int,
-    ) -> int:
-        """(Re)write the chunk rows of windows touching [first, last]; queue them for indexing."""
+    ) -> QueuedChunks:
+        """(Re)write the chunk rows of windows touching [first, last]; queue them for indexing,
+        leased to this request when it is to wait for them."""
         starts = chunking.window_starts_touching(first, last, count)
         lines = await repo.message_lines(
             conn, org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
@@ -355,13 +356,15 @@ class MemoryService:
                     text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
                 )
             )
-        return await repo.upsert_chunks(conn, org_id, conversation_id, chunks)
+        leased = self._indexer.lease_seconds if self._indexer and self._append_wait > 0 else 0.0
+        return await repo.upsert_chunks(conn, org_id, conversation_id, chunks, leased)
 
-    async def _await_indexing(self, job_ids: list[int]) -> None:
+    async def _await_indexing(self, queued: QueuedChunks) -> None:
         if self._indexer is None:
             return
-        self._indexer.notify()
-        if self._append_wait > 0 and not await self._indexer.wait_done(job_ids, self._append_wait):
+        if self._append_wait <= 0:
+            self._indexer.notify()
+        elif not await self._indexer.index_now(queued, self._append_wait):
             # Committed all the same; the indexer finishes the job later.
             log.warning(
                 "indexing not done within %.1fs; continuing in the background", self._append_wait

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from api_service.store.records import QueuedChunks
+
 
 class SemanticIndex(Protocol):
     async def nearest(
@@ -15,11 +17,15 @@ class SemanticIndex(Protocol):
         ...
 
 
-class IndexWaiter(Protocol):
+class Indexing(Protocol):
+    # How long a job queued for the caller to index itself is kept from the background worker.
+    lease_seconds: float
+
     def notify(self) -> None:
         """New outbox jobs were committed."""
         ...
 
-    async def wait_done(self, job_ids: Sequence[int], timeout: float) -> bool:
-        """Wait up to `timeout` seconds for the jobs to be done; True if they are."""
+    async def index_now(self, queued: QueuedChunks, timeout: float) -> bool:
+        """Index the chunks of a job queued leased to the caller; True if done within
+        `timeout` seconds (else it is finished in the background)."""
         ...

@@ -52,6 +52,16 @@ class ChunkRow:
 
 
 @dataclass(frozen=True, slots=True)
+class QueuedChunks:
+    """An outbox upsert job and the chunks it covers, as written: (chunk_id, version, text)."""
+
+    job_id: int
+    org_id: str
+    conversation_id: str
+    chunks: list[tuple[str, int, str]]
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     org_id: str
     key_id: str

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import asyncpg
 
 from api_service.store.db import Conn
-from api_service.store.records import ChunkRow, Conversation, Message, NewMessage
+from api_service.store.records import ChunkRow, Conversation, Message, NewMessage, QueuedChunks
 
 SortKey = Literal["created_at", "updated_at", "message_count"]
 Order = Literal["asc", "desc"]
@@ -285,11 +285,16 @@ async def touch_conversation(
 
 
 async def upsert_chunks(
-    conn: Conn, org_id: str, conversation_id: str, chunks: Sequence[ChunkRow]
-) -> int:
-    """Insert or rebuild windows (a rebuilt window drops its stale embedding) and queue them
-    for indexing, in one statement; return the outbox job's id."""
-    job_id: int = await conn.fetchval(
+    conn: Conn,
+    org_id: str,
+    conversation_id: str,
+    chunks: Sequence[ChunkRow],
+    leased_seconds: float = 0.0,
+) -> QueuedChunks:
+    """Insert or rebuild windows (a rebuilt window drops its stale embedding and gets the next
+    version) and queue them for indexing, in one statement. `leased_seconds` > 0 keeps the
+    job from the background indexer that long: the caller indexes the chunks itself."""
+    (row,) = await conn.fetch(  # one job, one row
         """WITH written AS (
                INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
                                    end_sequence, text)
@@ -298,18 +303,30 @@ async def upsert_chunks(
                       AS c(start_sequence, chunk_id, end_sequence, text)
                ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
                   SET end_sequence = excluded.end_sequence, text = excluded.text,
-                      version = chunks.version + 1, embedding = NULL, updated_at = now())
-           INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids)
-           VALUES ($1, 'upsert', $2, $4::text[])
-           RETURNING job_id""",
+                      version = chunks.version + 1, embedding = NULL, updated_at = now()
+               RETURNING chunk_id, version),
+           job AS (
+               INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)
+               VALUES ($1, 'upsert', $2, $4::text[], now() + make_interval(secs => $7))
+               RETURNING job_id)
+           SELECT job.job_id, array_agg(written.chunk_id) AS chunk_ids,
+                  array_agg(written.version) AS versions
+             FROM job, written GROUP BY job.job_id""",
         org_id,
         conversation_id,
         [c.start_sequence for c in chunks],
         [c.chunk_id for c in chunks],
         [c.end_sequence for c in chunks],
         [c.text for c in chunks],
+        leased_seconds,
     )
-    return job_id
+    versions = dict(zip(row["chunk_ids"], row["versions"], strict=True))
+    return QueuedChunks(
+        job_id=row["job_id"],
+        org_id=org_id,
+        conversation_id=conversation_id,
+        chunks=[(c.chunk_id, versions[c.chunk_id], c.text) for c in chunks],
+    )
 
 
 async def enqueue_delete_job(conn: Conn, org_id: str, conversation_id: str) -> int:

@@ -65,7 +65,9 @@ async def test_gapless_sequences_from_both_interfaces(service: Service, key: str
         assert contents[start : start + 2] == [f"m{i}-{j}" for j in range(2)]
 
 
-async def test_patch_racing_appends_keeps_every_edit_and_window(service: Service, key: str) -> None:
+async def test_patch_racing_appends_keeps_every_edit_window_and_vector(
+    service: Service, key: str
+) -> None:
     async with service.rest(key) as http, service.mcp(key) as mcp:
         cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
         ids = (
@@ -112,6 +114,14 @@ async def test_patch_racing_appends_keeps_every_edit_and_window(service: Service
             f"[user]: {m['content']}" for m in got[row["start_sequence"] - 1 : row["end_sequence"]]
         )
         assert row["text"] == expected
+    # The shard holds every window's current version, though the requests that rebuilt a
+    # window indexed it concurrently: a window's own text finds it with cosine 1, which the
+    # vector of an older text would not.
+    async with service.mcp(key) as mcp:
+        for row in rows:
+            found = await mcp.ok("search", query=row["text"], conversation_id=cid, limit=1)
+            top = found["results"][0]
+            assert (top["start_sequence"], top["score"]) == (row["start_sequence"], 1.0)
 
 
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:

@@ -127,3 +127,35 @@ def test_a_rebuild_catches_up_before_its_switch() -> None:
     assert store.ntotal == 3000  # the replaced vector left no stale copy in the new store
     assert "c9" not in {h.chunk_id for h in org.search(vectors[9][None, :], 5, [])}
     assert not org.needs_rebuild()  # fitted to the 3000 of the snapshot
+
+
+def test_an_older_version_never_replaces_a_newer_one() -> None:
+    vectors = clustered(3, seed=7)
+    org = OrgIndex.from_rows(
+        ["a", "a", "b"],
+        ["conv", "conv", "conv"],
+        vectors,
+        [2, 1, 1],
+        flat_threshold=100,
+        target_recall=0.97,
+    )
+    assert org.size == 2
+    # From the rows, the highest version of "a" is kept, not the last row.
+    assert org.search(vectors[0][None, :], 1, [])[0].score > 0.999
+    assert org.search(vectors[1][None, :], 1, [])[0].score < 0.999
+
+    fresh = clustered(2, seed=8)
+    assert org.upsert(["a"], ["conv"], fresh[:1], [1]) == 0  # late, older: skipped
+    top = org.search(vectors[0][None, :], 1, [])[0]
+    assert top.chunk_id == "a" and top.score > 0.999
+    assert org.upsert(["a"], ["conv"], fresh[1:], [2]) == 1  # same version: a retry, applied
+    top = org.search(fresh[1][None, :], 1, [])[0]
+    assert top.chunk_id == "a" and top.score > 0.999
+    # Within one call, the newest item of a chunk wins whatever its position.
+    assert org.upsert(["b", "b"], ["conv", "conv"], fresh, [3, 2]) == 1
+    top = org.search(fresh[0][None, :], 1, [])[0]
+    assert top.chunk_id == "b" and top.score > 0.999
+
+    # A deleted chunk's version goes with it: the chunk id can be written afresh.
+    assert org.delete(["a"], []) == 1
+    assert org.upsert(["a"], ["conv"], fresh[1:], [1]) == 1
