@@ -5,11 +5,17 @@ words. Two plans, by the size of what is searched:
 
 - Exact, for a search narrowed to some conversations and for orgs under EXACT_BELOW chunks:
   every chunk in scope that holds a query word is scored, with document frequencies counted in
-  that scope (at most MATCH_BUDGET matches are scored: the cap bounds a common word's cost).
+  that scope (at most EXACT_CAP matches are scored: the cap bounds a common word's cost).
 - Org-wide in a large org: document frequencies come from `lexeme_df`, refreshed in the
   background as the org grows. The search matches on its rarest words, as many as fit
   MATCH_BUDGET chunks by those frequencies, and scores every query word on those matches, so
-  a query of common words stays cheap and a rare word decides what is found.
+  a query of common words stays cheap and a rare word decides what is found. When even the
+  rarest word is common, it first matches the chunks that hold both of the two rarest words:
+  BM25's likeliest winners, where a LIMIT over one common word's chunks would take any.
+
+Measured against exact BM25 over a 100k-chunk org (benchmarks/lexical), the org-wide plan
+finds 0.79 of the exact top 10 in 10 ms p50; matching on the rarest words alone with a budget
+of 500 found 0.77 in 20 ms.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from asyncpg import Record
 from api_service.store.db import Conn
 
 EXACT_BELOW = 5_000
-MATCH_BUDGET = 500
+EXACT_CAP = 500
+MATCH_BUDGET = 200
 # Term statistics are recounted once the org's chunk count has moved this far from the count
 # they were taken at; document frequencies that far off change BM25's word weights little.
 STATS_DRIFT = 0.1
@@ -93,8 +100,10 @@ async def search(
     query: str,
     limit: int,
     conversation_ids: Sequence[str] | None,
+    budget: int = MATCH_BUDGET,
 ) -> list[str]:
-    """Ids of the best `limit` chunks for `query`, within the given conversations if any."""
+    """Ids of the best `limit` chunks for `query`, within the given conversations if any;
+    `budget`: the org-wide plan's MATCH_BUDGET."""
     async with conn.transaction():
         await conn.execute(PLAN_SETTINGS)
         # The query's lexemes, each with its df, and the org's statistics on every row (NULL
@@ -121,33 +130,46 @@ async def search(
                 " | ".join(t["quoted"] for t in terms),
                 lexemes,
                 None if conversation_ids is None else list(conversation_ids),
-                MATCH_BUDGET,
+                EXACT_CAP,
             )
         else:
-            rows = await conn.fetch(
-                _ORG_WIDE,
-                org_id,
-                limit,
-                " | ".join(t["quoted"] for t in _rarest(terms)),
-                lexemes,
-                [float(t["df"]) for t in terms],
-                MATCH_BUDGET,
-                float(stats["chunks"]),
-                max(float(stats["avg_length"]), 1.0),
-            )
+            found: list[str] = []
+            for match in match_queries(terms, budget):
+                rows = await conn.fetch(
+                    _ORG_WIDE,
+                    org_id,
+                    limit,
+                    match,
+                    lexemes,
+                    [float(t["df"]) for t in terms],
+                    budget,
+                    float(stats["chunks"]),
+                    max(float(stats["avg_length"]), 1.0),
+                )
+                found += [r["chunk_id"] for r in rows if r["chunk_id"] not in found]
+                if len(found) >= limit:
+                    return found[:limit]
+            return found
         return [r["chunk_id"] for r in rows]
 
 
-def _rarest(terms: Sequence[Record]) -> list[Record]:
-    """The rarest terms (sorted by df) whose chunks together fit MATCH_BUDGET; at least one."""
-    chosen = [terms[0]]
+def match_queries(terms: Sequence[Record], budget: int = MATCH_BUDGET) -> list[str]:
+    """The tsqueries an org-wide search matches on, in order, until enough are found (the
+    matches of a later one rank after those of an earlier one).
+    `terms` are sorted by df and carry their lexeme `quoted`. Either the rarest terms whose
+    chunks together fit the budget (at least one); or, when even the rarest is more common
+    than that, the chunks holding both of the two rarest, then the rarest alone."""
+    quoted = [t["quoted"] for t in terms]
+    if terms[0]["df"] > budget and len(terms) > 1:
+        return [f"{quoted[0]} & {quoted[1]}", quoted[0]]
+    chosen = quoted[:1]
     covered = terms[0]["df"]
     for term in terms[1:]:
         covered += term["df"]
-        if covered > MATCH_BUDGET:
+        if covered > budget:
             break
-        chosen.append(term)
-    return chosen
+        chosen.append(term["quoted"])
+    return [" | ".join(chosen)]
 
 
 async def chunk_count(conn: Conn, org_id: str) -> int:

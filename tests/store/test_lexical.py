@@ -101,6 +101,27 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_big'") == 0
 
 
+async def test_org_wide_search_of_common_words_matches_chunks_holding_both_first(
+    conn: asyncpg.Connection,
+) -> None:
+    """Even the query's rarest word is in more chunks than the match budget: the chunk that
+    holds both of its rarest words must be found, though a LIMIT over one word's matches in
+    table order would stop before it."""
+    size = lexical.EXACT_BELOW + 500
+    chunks = [f"{FILLER}; note {i} about the garden hose" for i in range(size)]
+    budget = lexical.MATCH_BUDGET
+    for i in range(budget + 50):
+        chunks[i] = f"{FILLER}; the teapot number {i}"
+        chunks[size - 1 - i] = f"{FILLER}; the kettle number {i}"
+    chunks[size - 1] = f"{FILLER}; the teapot sat on the kettle"
+    await _seed(conn, "org_tea", {"conv_tea": chunks})
+    await lexical.keep_stats(conn, "org_tea")
+
+    found = await lexical.search(conn, "org_tea", "kettle teapot", 5, None)
+    assert found[0] == f"conv_tea_w{size - 1}"
+    assert len(found) == 5  # too few hold both: the rarest word alone fills the rest
+
+
 async def test_org_wide_matches_come_from_the_full_text_index(conn: asyncpg.Connection) -> None:
     """Planner statistics lag a growing org, and a LIMIT over matches makes reading the org's
     rows look cheap; the org-wide search must still take the rare word's postings."""
