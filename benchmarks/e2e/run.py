@@ -17,6 +17,10 @@ conversations, repeated under new conversation ids. At each size it measures:
   pgvector (HNSW, in the same PostgreSQL server) and Chroma, and asked the same query vectors
   (benchmarks/e2e/alternatives.py).
 
+Before the timed appends and searches it waits for the outbox to drain and the term
+statistics to be counted, and vacuums what the growth wrote: the timings are those of a
+settled service, not of one still digesting its growth.
+
 With the hashing embedder (the default) embedding costs microseconds, so the figures are the
 service's own; `--embedder transformer` runs the real model. Writes results/<label>.json,
 .csv and .png.
@@ -191,8 +195,9 @@ async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
 
 
 async def settle(pg_url: str) -> None:
-    """Wait until the outbox is empty and the term statistics match the org's size, so no
-    background recount runs while searches are timed."""
+    """Wait until the outbox is empty and the term statistics match the org's size, then
+    vacuum what the growth wrote, so neither a background recount nor autovacuum runs while
+    appends and searches are timed."""
     conn = await asyncpg.connect(pg_url)
     try:
         while True:
@@ -203,8 +208,9 @@ async def settle(pg_url: str) -> None:
             if pending == 0 and (
                 chunks < lexical.EXACT_BELOW or drift <= lexical.STATS_DRIFT * counted
             ):
-                return
+                break
             await asyncio.sleep(2)
+        await conn.execute("VACUUM (ANALYZE) chunks, messages, conversations, index_outbox")
     finally:
         await conn.close()
 

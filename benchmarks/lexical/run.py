@@ -233,7 +233,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("p50 latency, ms (one query, in-process)")
     ax.set_ylabel("overlap@10 with exact BM25")
     ax.set_title(
-        f"org-wide lexical plan by match budget, {report['chunks']:,} chunks, {report['machine']}"
+        f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, {report['machine']}"
     )
     ax.legend()
     ax.grid(alpha=0.3)
