@@ -202,14 +202,18 @@ class Indexer:
                     self._orgs_changed.add(org_id)
 
     async def _lease(self) -> list[Job]:
+        # Jobs that appends here are still indexing themselves stay theirs past the lease: a
+        # slow embedding (the model on a CPU) must not be done twice in one process.
         rows = await self._pool.fetch(
             """UPDATE index_outbox SET run_after = now() + make_interval(secs => $2),
                                        attempts = attempts + 1
-                WHERE job_id IN (SELECT job_id FROM index_outbox WHERE run_after <= now()
+                WHERE job_id IN (SELECT job_id FROM index_outbox
+                                  WHERE run_after <= now() AND job_id <> ALL($3::bigint[])
                                   ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED)
             RETURNING job_id, org_id, kind, conversation_id, chunk_ids, attempts""",
             self._batch_size,
             LEASE_SECONDS,
+            list(self._own.values()),
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 

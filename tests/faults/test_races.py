@@ -1,5 +1,6 @@
 """Races between writers over both interfaces: gapless sequences, PATCH against appends, delete
-against appends (no orphan rows or vectors), and nothing secret in the logs."""
+against appends (no orphan rows or vectors), an append's own indexing against the background
+worker, and nothing secret in the logs."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import grpc
 import httpx
 import pytest
 
+from api_service import indexer
+from api_service.clients import EmbedClient, Vectors
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
-from tests.api.harness import Service, outbox_drained, say
+from tests.api.harness import Service, outbox_drained, running_service, say
 
 
 async def _orphans(database_url: str) -> dict[str, int]:
@@ -122,6 +125,31 @@ async def test_patch_racing_appends_keeps_every_edit_window_and_vector(
             found = await mcp.ok("search", query=row["text"], conversation_id=cid, limit=1)
             top = found["results"][0]
             assert (top["start_sequence"], top["score"]) == (row["start_sequence"], 1.0)
+
+
+async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model on a CPU can take longer than a job's lease: the background worker of the
+    same process must leave an append's job to the append still indexing it."""
+    monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.2)
+    monkeypatch.setattr(indexer.Indexer, "lease_seconds", 0.2)
+    embedded: list[str] = []
+    embed = EmbedClient.embed
+
+    async def slow_embed(self: EmbedClient, texts: list[str]) -> Vectors:
+        embedded.extend(texts)
+        await asyncio.sleep(1.5)  # past the lease and the worker's next poll
+        return await embed(self, texts)
+
+    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    async with running_service(database_url, append_index_wait_seconds=0.3) as service:
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            assert (await say(http, cid, "slow to embed")).status_code == 200
+            await outbox_drained(database_url)
+    assert embedded == ["[user]: slow to embed"]
 
 
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
