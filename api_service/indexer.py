@@ -146,8 +146,8 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         try:
-            upserted = await self._embed_and_index(job.org_id, chunks)
-            await self._finish([job], upserted={job.job_id} if upserted else set())
+            await self._embed_and_index(job.org_id, chunks)
+            await self._finish([job])
         except Exception as exc:  # any failure: the worker takes the job over
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._retry_later(job, exc)  # else the lease runs out
@@ -172,19 +172,19 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
-        done, upserted = [], set()
+        done = []
         for job in jobs:
             try:
                 if job.kind == "delete":
                     await self._index.delete_conversation(job.org_id, job.conversation_id)
-                elif await self._index_chunks(job):
-                    upserted.add(job.job_id)
+                else:
+                    await self._index_chunks(job)
             except Exception as exc:  # any failure: keep the job, retry with backoff
                 await self._retry_later(job, exc)
             else:
                 done.append(job)
         if done:
-            await self._finish(done, upserted)
+            await self._finish(done)
         self._progress.set()
         self._progress = asyncio.Event()
         return True
@@ -217,18 +217,18 @@ class Indexer:
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
-    async def _index_chunks(self, job: Job) -> bool:
+    async def _index_chunks(self, job: Job) -> None:
         rows = await self._pool.fetch(
             "SELECT chunk_id, conversation_id, version, text, embedding FROM chunks "
             "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
             job.org_id,
             job.chunk_ids,
         )
-        return await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
+        await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
 
-    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> bool:
+    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> None:
         """Embed the chunks that have no vector yet, store the vectors in PostgreSQL, then upsert
-        every chunk's vector, with its version, to the org's shard. False if none was left."""
+        every chunk's vector, with its version, to the org's shard."""
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
         ready = [c for c in chunks if c.embedding is not None]
         pending = [c for c in chunks if c.embedding is None]
@@ -255,17 +255,15 @@ class Indexer:
                 for c, blob in zip(batch, blobs, strict=True)
                 if c.chunk_id in written
             ]
-        if not ready:
-            return False
-        items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
-        await self._index.upsert(org_id, items, len(items[0][3]) // 4)
-        return True
+        if ready:
+            items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
+            await self._index.upsert(org_id, items, len(items[0][3]) // 4)
 
-    async def _finish(self, jobs: Sequence[Job], upserted: set[int]) -> None:
+    async def _finish(self, jobs: Sequence[Job]) -> None:
         """Remove the done jobs from the outbox. A delete that committed while an upsert job
-        ran may have cleared the shard before the upsert reached it: the removal is queued
-        again, in the same statement."""
-        checked = [job for job in jobs if job.job_id in upserted]
+        ran, or between its attempts, may have cleared the shard before an upsert reached it:
+        the removal is queued again, in the same statement."""
+        checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
             """WITH done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
                     gone AS (

@@ -51,9 +51,10 @@ def build_store(
 class OrgIndex:
     """Vectors of one org keyed by chunk id, with per-conversation label sets for exact filters.
 
-    Each chunk keeps the version it was written with (its row version in PostgreSQL; 0 when
-    the writer gives none): an upsert never replaces a newer version, so writers that race
-    (two appends to one conversation, or two API replicas) cannot leave a stale vector.
+    Each chunk keeps the version it was written with (its row version in PostgreSQL): an
+    upsert never replaces a newer version, so writers that race (two appends to one
+    conversation, or two API replicas) cannot leave a stale vector. Version 0 is a writer that
+    gives none: it always replaces, as before versions existed.
     """
 
     def __init__(self, dim: int, flat_threshold: int, target_recall: float) -> None:
@@ -116,12 +117,13 @@ class OrgIndex:
         versions: list[int] | None = None,
     ) -> int:
         """Insert or replace chunks; the next search sees them. An item older than the
-        chunk's current version is skipped. Returns the number written."""
+        chunk's current version is skipped (0: unversioned, never skipped). Returns the number
+        written."""
         versions = versions or [0] * len(chunk_ids)
         keep = [
             r
             for r in _newest_rows(chunk_ids, versions)
-            if versions[r] >= self._versions.get(chunk_ids[r], 0)
+            if versions[r] == 0 or versions[r] >= self._versions.get(chunk_ids[r], 0)
         ]
         if not keep:
             return 0

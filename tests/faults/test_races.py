@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from api_service import indexer
-from api_service.clients import EmbedClient, Vectors
+from api_service.clients import EmbedClient, IndexRouter, Vectors
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
 from tests.api.harness import Service, outbox_drained, running_service, say
@@ -150,6 +150,35 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
             assert (await say(http, cid, "slow to embed")).status_code == 200
             await outbox_drained(database_url)
     assert embedded == ["[user]: slow to embed"]
+
+
+async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again(
+    database_url: str,
+) -> None:
+    """An upsert attempt may reach the shard after the conversation's delete job cleared it
+    (a timed-out call the shard still applied); a later attempt finds no chunks, and must
+    still have the removal done again."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    # Clients that are never called: the job's chunks are gone, so nothing is embedded.
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    try:
+        await pool.execute(
+            "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
+            "VALUES ('org_gone', 'upsert', 'conv_gone', '{chk_gone}')"
+        )
+        while await worker.run_once():  # other tests' leftovers, if any, go by too
+            pass
+        jobs = await pool.fetch(
+            "SELECT kind FROM index_outbox WHERE org_id = 'org_gone' AND conversation_id = "
+            "'conv_gone'"
+        )
+        assert [j["kind"] for j in jobs] == ["delete"]
+    finally:
+        await pool.execute("DELETE FROM index_outbox WHERE org_id = 'org_gone'")
+        await pool.close()
 
 
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:

@@ -159,3 +159,7 @@ def test_an_older_version_never_replaces_a_newer_one() -> None:
     # A deleted chunk's version goes with it: the chunk id can be written afresh.
     assert org.delete(["a"], []) == 1
     assert org.upsert(["a"], ["conv"], fresh[1:], [1]) == 1
+    # A writer that gives no version (0) replaces, as before versions existed.
+    assert org.upsert(["b"], ["conv"], fresh[1:], [0]) == 1
+    top = org.search(fresh[1][None, :], 2, [])
+    assert {h.chunk_id for h in top if h.score > 0.999} == {"a", "b"}
