@@ -263,6 +263,7 @@ class Indexer:
         """Remove the done jobs from the outbox. A delete that committed while an upsert job
         ran, or between its attempts, may have cleared the shard before an upsert reached it:
         the removal is queued again, in the same statement."""
+        ids = [job.job_id for job in jobs]
         checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
             """WITH done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
@@ -277,11 +278,10 @@ class Indexer:
                         INSERT INTO index_outbox (org_id, kind, conversation_id)
                         SELECT org_id, 'delete', conversation_id FROM gone RETURNING 1)
                SELECT count(*) FROM queued""",
-            [job.job_id for job in jobs],
+            ids,
             [job.org_id for job in checked],
             [job.conversation_id for job in checked],
         )
-        ids = [job.job_id for job in jobs]
         self._done_here.update(ids)
         self._done_order.extend(ids)
         while len(self._done_order) > DONE_REMEMBERED:

@@ -106,18 +106,7 @@ async def search(
     `budget`: the org-wide plan's MATCH_BUDGET."""
     async with conn.transaction():
         await conn.execute(PLAN_SETTINGS)
-        # The query's lexemes, each with its df, and the org's statistics on every row (NULL
-        # if never counted): one round trip.
-        terms = await conn.fetch(
-            """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df,
-                      s.chunks, s.avg_length
-                 FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
-                 LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
-                 LEFT JOIN lexical_stats s ON s.org_id = $1
-                ORDER BY df, t.lexeme""",
-            org_id,
-            query,
-        )
+        terms = await query_terms(conn, org_id, query)
         if not terms:
             return []
         lexemes = [t["lexeme"] for t in terms]
@@ -134,6 +123,7 @@ async def search(
             )
         else:
             found: list[str] = []
+            dfs = [float(t["df"]) for t in terms]
             for match in match_queries(terms, budget):
                 rows = await conn.fetch(
                     _ORG_WIDE,
@@ -141,7 +131,7 @@ async def search(
                     limit,
                     match,
                     lexemes,
-                    [float(t["df"]) for t in terms],
+                    dfs,
                     budget,
                     float(stats["chunks"]),
                     max(float(stats["avg_length"]), 1.0),
@@ -153,23 +143,43 @@ async def search(
         return [r["chunk_id"] for r in rows]
 
 
+async def query_terms(conn: Conn, org_id: str, query: str) -> list[Record]:
+    """The query's lexemes, rarest first, each with its `quoted` form and its `df` in the org,
+    and the org's term statistics (`chunks`, `avg_length`; NULL if never counted) on every
+    row: one round trip."""
+    return await conn.fetch(
+        """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df,
+                  s.chunks, s.avg_length
+             FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
+             LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
+             LEFT JOIN lexical_stats s ON s.org_id = $1
+            ORDER BY df, t.lexeme""",
+        org_id,
+        query,
+    )
+
+
 def match_queries(terms: Sequence[Record], budget: int = MATCH_BUDGET) -> list[str]:
     """The tsqueries an org-wide search matches on, in order, until enough are found (the
-    matches of a later one rank after those of an earlier one).
-    `terms` are sorted by df and carry their lexeme `quoted`. Either the rarest terms whose
-    chunks together fit the budget (at least one); or, when even the rarest is more common
-    than that, the chunks holding both of the two rarest, then the rarest alone."""
-    quoted = [t["quoted"] for t in terms]
+    matches of a later one rank after those of an earlier one). Either the rarest terms that
+    fit the budget; or, when even the rarest is more common than that, the chunks holding both
+    of the two rarest, then the rarest alone."""
     if terms[0]["df"] > budget and len(terms) > 1:
-        return [f"{quoted[0]} & {quoted[1]}", quoted[0]]
-    chosen = quoted[:1]
+        return [f"{terms[0]['quoted']} & {terms[1]['quoted']}", terms[0]["quoted"]]
+    return [rarest_fitting(terms, budget)]
+
+
+def rarest_fitting(terms: Sequence[Record], budget: int) -> str:
+    """The tsquery of the rarest terms (`query_terms` order) whose chunks together fit
+    `budget`; at least one."""
+    chosen = [terms[0]["quoted"]]
     covered = terms[0]["df"]
     for term in terms[1:]:
         covered += term["df"]
         if covered > budget:
             break
         chosen.append(term["quoted"])
-    return [" | ".join(chosen)]
+    return " | ".join(chosen)
 
 
 async def chunk_count(conn: Conn, org_id: str) -> int:

@@ -30,7 +30,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,33 +97,12 @@ async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> 
     return loaded
 
 
-async def terms_of(conn: asyncpg.Connection, org_id: str, question: str) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        """SELECT t.lexeme, quote_literal(t.lexeme) AS quoted, coalesce(d.df, 0) AS df
-             FROM unnest(tsvector_to_array(to_tsvector('english', $2))) AS t(lexeme)
-             LEFT JOIN lexeme_df d ON d.org_id = $1 AND d.lexeme = t.lexeme
-            ORDER BY df, t.lexeme""",
-        org_id,
-        question,
-    )
-
-
-def rarest_only(terms: Sequence[asyncpg.Record], budget: int) -> str:
-    chosen, covered = [terms[0]["quoted"]], terms[0]["df"]
-    for term in terms[1:]:
-        covered += term["df"]
-        if covered > budget:
-            break
-        chosen.append(term["quoted"])
-    return " | ".join(chosen)
-
-
 async def ask(
-    conn: asyncpg.Connection, org_id: str, question: str, rule: str, budget: int, stats: Any
+    conn: asyncpg.Connection, org_id: str, question: str, rule: str, budget: int
 ) -> list[str]:
     if rule == "service":
         return await lexical.search(conn, org_id, question, K, None, budget)
-    terms = await terms_of(conn, org_id, question)
+    terms = await lexical.query_terms(conn, org_id, question)
     if not terms:
         return []
     lexemes = [t["lexeme"] for t in terms]
@@ -133,17 +112,16 @@ async def ask(
             match = " | ".join(t["quoted"] for t in terms)
             rows = await conn.fetch(lexical._EXACT, org_id, K, match, lexemes, None, 10**9)
         else:
-            dfs = [float(t["df"]) for t in terms]
             rows = await conn.fetch(
                 lexical._ORG_WIDE,
                 org_id,
                 K,
-                rarest_only(terms, budget),
+                lexical.rarest_fitting(terms, budget),
                 lexemes,
-                dfs,
+                [float(t["df"]) for t in terms],
                 budget,
-                stats["chunks"],
-                stats["avg"],
+                float(terms[0]["chunks"]),
+                float(terms[0]["avg_length"]),
             )
     return [r["chunk_id"] for r in rows]
 
@@ -166,26 +144,21 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
         progress("counting term statistics")
         await lexical.refresh_stats(conn, org_id)
         await conn.execute("ANALYZE chunks")
-        row = await conn.fetchrow(
-            "SELECT chunks::float8, avg_length::float8 AS avg FROM lexical_stats WHERE org_id = $1",
-            org_id,
-        )
         lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
         questions = [json.loads(line)["question"] for line in lines][: args.questions]
         progress(f"exact BM25 for {len(questions)} questions")
         exact = [
-            await texts(conn, org_id, await ask(conn, org_id, q, "exact", 0, row))
-            for q in questions
+            await texts(conn, org_id, await ask(conn, org_id, q, "exact", 0)) for q in questions
         ]
         results = []
         for budget in args.budgets:
             for rule in RULES:
                 for q in questions[:10]:  # warm-up
-                    await ask(conn, org_id, q, rule, budget, row)
+                    await ask(conn, org_id, q, rule, budget)
                 overlap, times = [], []
                 for q, want in zip(questions, exact, strict=True):
                     started = time.perf_counter()
-                    found = await ask(conn, org_id, q, rule, budget, row)
+                    found = await ask(conn, org_id, q, rule, budget)
                     times.append(1000 * (time.perf_counter() - started))
                     got = await texts(conn, org_id, found)
                     overlap.append(len(got & want) / len(want) if want else 1.0)
