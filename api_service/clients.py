@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from api_service import timing
 from index_service.routing import routing_epoch, shard_for
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
@@ -47,9 +48,10 @@ class EmbedClient:
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One L2-normalized float32 row per text, in order."""
-        reply = await self._stub.Embed(
-            embed_pb2.EmbedRequest(texts=list(texts)), timeout=self._timeout
-        )
+        with timing.part("embed"):
+            reply = await self._stub.Embed(
+                embed_pb2.EmbedRequest(texts=list(texts)), timeout=self._timeout
+            )
         vectors = np.frombuffer(reply.vectors, dtype="<f4").astype(np.float32, copy=False)
         return vectors.reshape(len(texts), reply.dim)
 
@@ -84,18 +86,17 @@ class IndexRouter:
     ) -> None:
         """Insert or replace (chunk_id, conversation_id, version, float32 bytes) items; the shard
         keeps a newer version it already holds."""
-        await self._stub(org_id).Upsert(
-            index_pb2.UpsertRequest(
-                org_id=org_id,
-                dim=dim,
-                routing_epoch=self._epoch,
-                items=[
-                    index_pb2.VectorItem(chunk_id=c, conversation_id=v, version=n, vector=b)
-                    for c, v, n, b in items
-                ],
-            ),
-            timeout=self._timeout,
+        request = index_pb2.UpsertRequest(
+            org_id=org_id,
+            dim=dim,
+            routing_epoch=self._epoch,
+            items=[
+                index_pb2.VectorItem(chunk_id=c, conversation_id=v, version=n, vector=b)
+                for c, v, n, b in items
+            ],
         )
+        with timing.part("index"):
+            await self._stub(org_id).Upsert(request, timeout=self._timeout)
 
     async def delete_conversation(self, org_id: str, conversation_id: str) -> None:
         await self._stub(org_id).Delete(
@@ -108,17 +109,16 @@ class IndexRouter:
     async def search(
         self, org_id: str, query: Vectors, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
-        reply = await self._stub(org_id).Search(
-            index_pb2.SearchRequest(
-                org_id=org_id,
-                query=query.astype("<f4").tobytes(),
-                dim=query.shape[-1],
-                k=k,
-                conversation_ids=list(conversation_ids or ()),
-                routing_epoch=self._epoch,
-            ),
-            timeout=self._timeout,
+        request = index_pb2.SearchRequest(
+            org_id=org_id,
+            query=query.astype("<f4").tobytes(),
+            dim=query.shape[-1],
+            k=k,
+            conversation_ids=list(conversation_ids or ()),
+            routing_epoch=self._epoch,
         )
+        with timing.part("index"):
+            reply = await self._stub(org_id).Search(request, timeout=self._timeout)
         return [(hit.chunk_id, hit.score) for hit in reply.hits]
 
     async def ready(self) -> dict[str, bool]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
-from api_service import auth
+from api_service import auth, timing
 from api_service.core.errors import (
     Forbidden,
     PayloadTooLarge,
@@ -43,7 +44,7 @@ class GuardMiddleware:
     oversize bodies are refused (413), the API key is resolved (401/403) and the request is
     counted by the meter. REST requests past the monthly quota get 429 here; MCP tool calls get
     the same text as a tool error (the MCP adapter reads `rate_limited` from the request
-    state). REST responses carry the X-RateLimit headers."""
+    state). REST responses carry the X-RateLimit headers and Server-Timing (api_service.timing)."""
 
     def __init__(
         self,
@@ -65,6 +66,9 @@ class GuardMiddleware:
         if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIXES):
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
+        record = timing.start()
+        is_rest = scope["path"].startswith("/api/v1")
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
@@ -90,7 +94,6 @@ class GuardMiddleware:
         if meter is not None:
             admission = await meter.admit(principal.org_id, principal.plan.monthly_requests)
             headers_now = admission.headers(meter.now())
-            is_rest = scope["path"].startswith("/api/v1")
             if is_rest:
                 rate_headers = [(k.lower().encode(), v.encode()) for k, v in headers_now.items()]
             if not admission.allowed:
@@ -99,12 +102,14 @@ class GuardMiddleware:
                     return
                 state["rate_limited"] = admission.message()
 
-        async def send_with_rate_headers(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and rate_headers:
-                message = {**message, "headers": [*message.get("headers", []), *rate_headers]}
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            # MCP responses may start streaming before the tool is done: REST only.
+            if message["type"] == "http.response.start" and is_rest:
+                took = (b"server-timing", timing.header(record, time.perf_counter() - started))
+                message = {**message, "headers": [*message.get("headers", []), *rate_headers, took]}
             await send(message)
 
-        await self.app(scope, receive, send_with_rate_headers)
+        await self.app(scope, receive, send_with_headers)
 
     async def _authenticate(self, headers: dict[bytes, bytes], client: str) -> auth.Principal:
         """The caller's principal; failures count toward the client's throttle."""
@@ -117,7 +122,8 @@ class GuardMiddleware:
             )
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
-            return await auth.resolve(self._pool_of(), authorization, self._default_plan)
+            with timing.part("auth"):
+                return await auth.resolve(self._pool_of(), authorization, self._default_plan)
         except Exception as exc:
             error = classify(exc)
             if isinstance(error, Unauthorized | Forbidden):

@@ -1,11 +1,14 @@
-"""The indexer: embeds pending chunks, stores their vectors in PostgreSQL, upserts them to the
-org's index shard, then marks the outbox job done. Deletions reach the shards the same way.
+"""The indexer: embeds pending chunks and upserts them to the org's index shard, then stores
+their vectors in PostgreSQL and marks the outbox job done, in one statement. Deletions reach the
+shards the same way.
 
 An append that waits for its chunks indexes them itself, in a task of its own, with the job
-leased to it: no round trip through the outbox. The background worker drains everything else:
-appends that do not wait, jobs whose first attempt failed, and those of a replica that died.
-Jobs are leased (run_after moves forward) rather than locked for the whole run, so a crashed
-worker's jobs come back after the lease, and several replicas can drain one outbox.
+leased to it: no round trip through the outbox. It answers once the shard has the vectors;
+their storing and the job's closing follow in the same task. The background worker drains
+everything else: appends that do not wait, jobs whose first attempt failed, and those of a
+replica that died. Jobs are leased (run_after moves forward) rather than locked for the whole
+run, so a crashed worker's jobs come back after the lease, and several replicas can drain one
+outbox.
 
 A second task keeps the term statistics of the orgs it indexed current for lexical search
 (store/lexical.py); a recount of a large org takes seconds, so it never holds up the outbox.
@@ -54,6 +57,16 @@ class _Chunk:
     embedding: bytes | None  # None: not embedded yet
 
 
+@dataclass(frozen=True, slots=True)
+class _Embedded:
+    """A vector embedded by this attempt, to be stored with the job's completion."""
+
+    org_id: str
+    chunk_id: str
+    version: int
+    embedding: bytes
+
+
 class Indexer:
     """Indexes appends' chunks as they ask, and drains index_outbox in the background."""
 
@@ -69,7 +82,7 @@ class Indexer:
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._tasks: list[asyncio.Task[None]] = []
-        self._own: dict[asyncio.Task[bool], int] = {}  # appends' indexing under way: job ids
+        self._own: dict[asyncio.Task[None], int] = {}  # appends' indexing under way: job ids
         self._orgs_changed: set[str] = set()
         self._done_here: set[int] = set()  # the last DONE_REMEMBERED jobs finished here
         self._done_order: collections.deque[int] = collections.deque()
@@ -98,16 +111,18 @@ class Indexer:
         self._wake.set()
 
     async def index_now(self, queued: QueuedChunks, timeout: float) -> bool:
-        """Index the chunks an append just queued, their job leased to the caller. If that
-        fails the job goes to the background worker, which retries it with backoff. True
-        once indexed within `timeout` seconds; past it the indexing goes on regardless."""
+        """Index the chunks an append just queued, their job leased to the caller. True once
+        they are searchable, within `timeout` seconds; storing their vectors and closing the
+        job go on after that, in the same task. If the indexing fails the job goes to the
+        background worker, which retries it with backoff; past `timeout` it goes on regardless."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        task = asyncio.create_task(self._index_own(queued))
+        searchable: asyncio.Future[bool] = loop.create_future()
+        task = asyncio.create_task(self._index_own(queued, searchable))
         self._own[task] = queued.job_id
         task.add_done_callback(self._own.pop)
         try:
-            if await asyncio.wait_for(asyncio.shield(task), timeout):
+            if await asyncio.wait_for(asyncio.shield(searchable), timeout):
                 return True
         except TimeoutError:
             return False
@@ -132,7 +147,7 @@ class Indexer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), min(POLL_SECONDS, remaining))
 
-    async def _index_own(self, queued: QueuedChunks) -> bool:
+    async def _index_own(self, queued: QueuedChunks, searchable: asyncio.Future[bool]) -> None:
         job = Job(
             queued.job_id,
             queued.org_id,
@@ -146,14 +161,16 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         try:
-            await self._embed_and_index(job.org_id, chunks)
-            await self._finish([job])
+            embedded = await self._embed_and_index(job.org_id, chunks)
+            searchable.set_result(True)
+            await self._finish([job], embedded)
         except Exception as exc:  # any failure: the worker takes the job over
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._retry_later(job, exc)  # else the lease runs out
             self.notify()
-            return False
-        return True
+        finally:
+            if not searchable.done():
+                searchable.set_result(False)
 
     async def _run(self) -> None:
         while True:
@@ -172,19 +189,19 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
-        done = []
+        done, embedded = [], []
         for job in jobs:
             try:
                 if job.kind == "delete":
                     await self._index.delete_conversation(job.org_id, job.conversation_id)
                 else:
-                    await self._index_chunks(job)
+                    embedded += await self._index_chunks(job)
             except Exception as exc:  # any failure: keep the job, retry with backoff
                 await self._retry_later(job, exc)
             else:
                 done.append(job)
         if done:
-            await self._finish(done)
+            await self._finish(done, embedded)
         self._progress.set()
         self._progress = asyncio.Event()
         return True
@@ -217,56 +234,52 @@ class Indexer:
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
-    async def _index_chunks(self, job: Job) -> None:
+    async def _index_chunks(self, job: Job) -> list[_Embedded]:
         rows = await self._pool.fetch(
             "SELECT chunk_id, conversation_id, version, text, embedding FROM chunks "
             "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
             job.org_id,
             job.chunk_ids,
         )
-        await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
+        return await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
 
-    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> None:
-        """Embed the chunks that have no vector yet, store the vectors in PostgreSQL, then upsert
-        every chunk's vector, with its version, to the org's shard."""
+    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> list[_Embedded]:
+        """Embed the chunks that have no vector yet and upsert every chunk's vector, with its
+        version, to the org's shard: they are searchable on return. The new vectors are
+        returned for `_finish` to store. A chunk rebuilt meanwhile was queued again with a newer
+        version, which its shard keeps over this one."""
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
         ready = [c for c in chunks if c.embedding is not None]
+        embedded: list[_Embedded] = []
         pending = [c for c in chunks if c.embedding is None]
         for start in range(0, len(pending), self._batch_size):
             batch = pending[start : start + self._batch_size]
             vectors = await self._embedder.embed([c.text for c in batch])
-            blobs = [v.astype("<f4").tobytes() for v in vectors]
-            # Only the version that was embedded is written: a chunk rebuilt meanwhile keeps
-            # NULL and is indexed by its own, later job.
-            stored = await self._pool.fetch(
-                """UPDATE chunks c SET embedding = u.embedding
-                     FROM unnest($2::text[], $3::int[], $4::bytea[])
-                          AS u(chunk_id, version, embedding)
-                    WHERE c.org_id = $1 AND c.chunk_id = u.chunk_id AND c.version = u.version
-                RETURNING c.chunk_id""",
-                org_id,
-                [c.chunk_id for c in batch],
-                [c.version for c in batch],
-                blobs,
-            )
-            written = {r["chunk_id"] for r in stored}
-            ready += [
-                replace(c, embedding=blob)
-                for c, blob in zip(batch, blobs, strict=True)
-                if c.chunk_id in written
-            ]
+            for chunk, vector in zip(batch, vectors, strict=True):
+                blob = vector.astype("<f4").tobytes()
+                ready.append(replace(chunk, embedding=blob))
+                embedded.append(_Embedded(org_id, chunk.chunk_id, chunk.version, blob))
         if ready:
             items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
             await self._index.upsert(org_id, items, len(items[0][3]) // 4)
+        return embedded
 
-    async def _finish(self, jobs: Sequence[Job]) -> None:
-        """Remove the done jobs from the outbox. A delete that committed while an upsert job
-        ran, or between its attempts, may have cleared the shard before an upsert reached it:
-        the removal is queued again, in the same statement."""
+    async def _finish(self, jobs: Sequence[Job], embedded: Sequence[_Embedded]) -> None:
+        """In one statement: store the new vectors, for the rebuild of a shard, and remove the
+        done jobs from the outbox. Only the version that was embedded is stored: a chunk
+        rebuilt meanwhile keeps NULL for its own, later job. A delete that committed while an
+        upsert job ran, or between its attempts, may have cleared the shard before an upsert
+        reached it: the removal is queued again."""
         ids = [job.job_id for job in jobs]
         checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
-            """WITH done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
+            """WITH stored AS (
+                        UPDATE chunks c SET embedding = v.embedding
+                          FROM unnest($4::text[], $5::text[], $6::int[], $7::bytea[])
+                               AS v(org_id, chunk_id, version, embedding)
+                         WHERE c.org_id = v.org_id AND c.chunk_id = v.chunk_id
+                           AND c.version = v.version),
+                    done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
                     gone AS (
                         SELECT DISTINCT j.org_id, j.conversation_id
                           FROM unnest($2::text[], $3::text[]) AS j(org_id, conversation_id)
@@ -281,6 +294,10 @@ class Indexer:
             ids,
             [job.org_id for job in checked],
             [job.conversation_id for job in checked],
+            [e.org_id for e in embedded],
+            [e.chunk_id for e in embedded],
+            [e.version for e in embedded],
+            [e.embedding for e in embedded],
         )
         self._done_here.update(ids)
         self._done_order.extend(ids)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from asyncpg import Record
 
+from api_service import timing
 from api_service.store.db import Conn
 
 EXACT_BELOW = 5_000
@@ -104,6 +105,18 @@ async def search(
 ) -> list[str]:
     """Ids of the best `limit` chunks for `query`, within the given conversations if any;
     `budget`: the org-wide plan's MATCH_BUDGET."""
+    with timing.part("lexical"):
+        return await _search(conn, org_id, query, limit, conversation_ids, budget)
+
+
+async def _search(
+    conn: Conn,
+    org_id: str,
+    query: str,
+    limit: int,
+    conversation_ids: Sequence[str] | None,
+    budget: int,
+) -> list[str]:
     async with conn.transaction():
         await conn.execute(PLAN_SETTINGS)
         terms = await query_terms(conn, org_id, query)

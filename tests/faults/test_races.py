@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import asyncpg
 import grpc
@@ -150,6 +151,52 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
             assert (await say(http, cid, "slow to embed")).status_code == 200
             await outbox_drained(database_url)
     assert embedded == ["[user]: slow to embed"]
+
+
+async def test_an_append_answers_once_searchable_and_its_job_closes_after(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append answers once the shard holds its chunks; storing the vectors and closing the
+    job follow. When that fails, the worker takes the job over and the vector is stored."""
+    finish = indexer.Indexer._finish
+    release = asyncio.Event()
+    attempts = 0
+
+    async def held_then_failing_once(self: indexer.Indexer, *args: Any) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            await release.wait()
+            raise OSError("connection lost")
+        await finish(self, *args)
+
+    monkeypatch.setattr(indexer.Indexer, "_finish", held_then_failing_once)
+    async with running_service(database_url) as service:
+        org_id, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            answered = await asyncio.wait_for(say(http, cid, "answered before its job closes"), 10)
+            assert answered.status_code == 200
+            conn = await asyncpg.connect(database_url)
+            try:
+                chunk = await conn.fetchrow(
+                    "SELECT text, embedding FROM chunks WHERE org_id = $1 AND conversation_id = $2",
+                    org_id,
+                    cid,
+                )
+                assert chunk["embedding"] is None  # not stored yet
+                found = await mcp.ok("search", query=chunk["text"], conversation_id=cid, limit=1)
+                assert found["results"][0]["score"] == 1.0  # but in the shard
+                release.set()
+                await outbox_drained(database_url)
+                stored = await conn.fetchval(
+                    "SELECT embedding FROM chunks WHERE org_id = $1 AND conversation_id = $2",
+                    org_id,
+                    cid,
+                )
+            finally:
+                await conn.close()
+    assert attempts == 2 and stored is not None and len(stored) == 4 * 768
 
 
 async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again(
