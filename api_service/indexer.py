@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import asyncpg
+import numpy as np
 
-from api_service.clients import EmbedClient, IndexRouter
+from api_service.clients import EmbedClient, IndexRouter, Vectors
 from api_service.store import lexical
 from api_service.store.records import QueuedChunks
 
@@ -110,15 +111,34 @@ class Indexer:
     def notify(self) -> None:
         self._wake.set()
 
-    async def index_now(self, queued: QueuedChunks, timeout: float) -> bool:
-        """Index the chunks an append just queued, their job leased to the caller. True once
-        they are searchable, within `timeout` seconds; storing their vectors and closing the
-        job go on after that, in the same task. If the indexing fails the job goes to the
-        background worker, which retries it with backoff; past `timeout` it goes on regardless."""
+    def embed_ahead(self, texts: Sequence[str]) -> asyncio.Future[Vectors]:
+        """Start embedding an append's chunk texts while its transaction commits."""
+        return asyncio.ensure_future(self._embed(texts))
+
+    async def _embed(self, texts: Sequence[str]) -> Vectors:
+        """The texts' vectors, embedded batch_size texts a call."""
+        size = self._batch_size
+        parts = [
+            await self._embedder.embed(texts[start : start + size])
+            for start in range(0, len(texts), size)
+        ]
+        return np.vstack(parts)
+
+    async def index_now(
+        self,
+        queued: QueuedChunks,
+        timeout: float,
+        embedding: asyncio.Future[Vectors] | None = None,
+    ) -> bool:
+        """Index the chunks an append just queued, their job leased to the caller, with their
+        `embedding` from `embed_ahead` if started. True once they are searchable, within
+        `timeout` seconds; storing their vectors and closing the job go on after that, in the
+        same task. If the indexing fails the job goes to the background worker, which retries
+        it with backoff; past `timeout` it goes on regardless."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         searchable: asyncio.Future[bool] = loop.create_future()
-        task = asyncio.create_task(self._index_own(queued, searchable))
+        task = asyncio.create_task(self._index_own(queued, searchable, embedding))
         self._own[task] = queued.job_id
         task.add_done_callback(self._own.pop)
         try:
@@ -147,7 +167,12 @@ class Indexer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), min(POLL_SECONDS, remaining))
 
-    async def _index_own(self, queued: QueuedChunks, searchable: asyncio.Future[bool]) -> None:
+    async def _index_own(
+        self,
+        queued: QueuedChunks,
+        searchable: asyncio.Future[bool],
+        embedding: asyncio.Future[Vectors] | None,
+    ) -> None:
         job = Job(
             queued.job_id,
             queued.org_id,
@@ -161,7 +186,8 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         try:
-            embedded = await self._embed_and_index(job.org_id, chunks)
+            vectors = None if embedding is None else await embedding
+            embedded = await self._embed_and_index(job.org_id, chunks, vectors)
             searchable.set_result(True)
             await self._finish([job], embedded)
         except Exception as exc:  # any failure: the worker takes the job over
@@ -243,19 +269,22 @@ class Indexer:
         )
         return await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
 
-    async def _embed_and_index(self, org_id: str, chunks: list[_Chunk]) -> list[_Embedded]:
-        """Embed the chunks that have no vector yet and upsert every chunk's vector, with its
-        version, to the org's shard: they are searchable on return. The new vectors are
-        returned for `_finish` to store. A chunk rebuilt meanwhile was queued again with a newer
-        version, which its shard keeps over this one."""
+    async def _embed_and_index(
+        self, org_id: str, chunks: list[_Chunk], vectors: Vectors | None = None
+    ) -> list[_Embedded]:
+        """Embed the chunks that have no vector yet (or take their `vectors`, one per such
+        chunk, in order) and upsert every chunk's vector, with its version, to the org's shard:
+        they are searchable on return. The new vectors are returned for `_finish` to store. A
+        chunk rebuilt meanwhile was queued again with a newer version, which its shard keeps
+        over this one."""
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
         ready = [c for c in chunks if c.embedding is not None]
         embedded: list[_Embedded] = []
         pending = [c for c in chunks if c.embedding is None]
-        for start in range(0, len(pending), self._batch_size):
-            batch = pending[start : start + self._batch_size]
-            vectors = await self._embedder.embed([c.text for c in batch])
-            for chunk, vector in zip(batch, vectors, strict=True):
+        if pending:
+            if vectors is None:
+                vectors = await self._embed([c.text for c in pending])
+            for chunk, vector in zip(pending, vectors, strict=True):
                 blob = vector.astype("<f4").tobytes()
                 ready.append(replace(chunk, embedding=blob))
                 embedded.append(_Embedded(org_id, chunk.chunk_id, chunk.version, blob))

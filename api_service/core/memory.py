@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -108,7 +109,11 @@ class MemoryService:
         )
         message_ids = [new_id("msg") for _ in items]
         new_conversations = 0
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with (
+            self._embedding_ahead() as ahead,
+            self._pool.acquire() as conn,
+            conn.transaction(),
+        ):
             if conversation_id is None:
                 default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
                 conversation_id, created = await repo.default_conversation_id(
@@ -124,12 +129,12 @@ class MemoryService:
             first = count - len(items) + 1
             await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
             queued = await self._rebuild_windows(
-                conn, who.org_id, conversation_id, first, count, count
+                conn, who.org_id, conversation_id, first, count, count, ahead
             )
             await self._charge(
                 conn, who, storage_bytes=added_bytes, conversations=new_conversations
             )
-        await self._await_indexing(queued)
+        await self._await_indexing(queued, ahead)
         return {
             "appended": len(items),
             "message_ids": message_ids,
@@ -146,7 +151,11 @@ class MemoryService:
             raise NotFound("Message not found")
         validation.text("content", content, self._limits.content_chars, required=True)
         content = Redactor(pii=who.redact_pii).redact(content)[0]
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with (
+            self._embedding_ahead() as ahead,
+            self._pool.acquire() as conn,
+            conn.transaction(),
+        ):
             count = await repo.lock_conversation(conn, who.org_id, conversation_id)
             if count is None:
                 raise conversation_not_found()
@@ -158,10 +167,10 @@ class MemoryService:
             message, delta = updated
             await repo.touch_conversation(conn, who.org_id, conversation_id, delta)
             queued = await self._rebuild_windows(
-                conn, who.org_id, conversation_id, message.sequence, message.sequence, count
+                conn, who.org_id, conversation_id, message.sequence, message.sequence, count, ahead
             )
             await self._charge(conn, who, storage_bytes=delta, conversations=0)
-        await self._await_indexing(queued)
+        await self._await_indexing(queued, ahead)
         return {"updated": True, "message": views.message(message)}
 
     async def get_conversation(
@@ -329,6 +338,18 @@ class MemoryService:
             f"needs {storage_bytes} more); delete conversations or move to a larger plan"
         )
 
+    @contextlib.asynccontextmanager
+    async def _embedding_ahead(self) -> AsyncIterator[list[asyncio.Future[Any]]]:
+        """Where a write's transaction leaves the embedding it started (`_rebuild_windows`);
+        cancelled if the transaction fails."""
+        ahead: list[asyncio.Future[Any]] = []
+        try:
+            yield ahead
+        except BaseException:
+            for embedding in ahead:
+                embedding.cancel()
+            raise
+
     async def _rebuild_windows(
         self,
         conn: Conn,
@@ -337,9 +358,11 @@ class MemoryService:
         first: int,
         last: int,
         count: int,
+        ahead: list[asyncio.Future[Any]],
     ) -> QueuedChunks:
         """(Re)write the chunk rows of windows touching [first, last]; queue them for indexing,
-        leased to this request when it is to wait for them."""
+        leased to this request when it is to wait for them. Then their embedding starts at once,
+        in `ahead`: it runs while the transaction writes the chunks and commits."""
         starts = chunking.window_starts_touching(first, last, count)
         lines = await repo.message_lines(
             conn, org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
@@ -356,15 +379,20 @@ class MemoryService:
                     text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
                 )
             )
-        leased = self._indexer.lease_seconds if self._indexer and self._append_wait > 0 else 0.0
+        indexer = self._indexer if self._append_wait > 0 else None
+        if indexer is not None:
+            ahead.append(indexer.embed_ahead([c.text for c in chunks]))
+        leased = indexer.lease_seconds if indexer is not None else 0.0
         return await repo.upsert_chunks(conn, org_id, conversation_id, chunks, leased)
 
-    async def _await_indexing(self, queued: QueuedChunks) -> None:
+    async def _await_indexing(self, queued: QueuedChunks, ahead: list[asyncio.Future[Any]]) -> None:
         if self._indexer is None:
             return
         if self._append_wait <= 0:
             self._indexer.notify()
-        elif not await self._indexer.index_now(queued, self._append_wait):
+        elif not await self._indexer.index_now(
+            queued, self._append_wait, ahead[0] if ahead else None
+        ):
             # Committed all the same; the indexer finishes the job later.
             log.warning(
                 "indexing not done within %.1fs; continuing in the background", self._append_wait

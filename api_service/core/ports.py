@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from api_service.store.records import QueuedChunks
 
@@ -25,7 +26,14 @@ class Indexing(Protocol):
         """New outbox jobs were committed."""
         ...
 
-    async def index_now(self, queued: QueuedChunks, timeout: float) -> bool:
-        """Index the chunks of a job queued leased to the caller; True if done within
-        `timeout` seconds (else it is finished in the background)."""
+    def embed_ahead(self, texts: Sequence[str]) -> asyncio.Future[Any]:
+        """Start embedding chunk texts before their transaction commits, for `index_now`."""
+        ...
+
+    async def index_now(
+        self, queued: QueuedChunks, timeout: float, embedding: asyncio.Future[Any] | None = None
+    ) -> bool:
+        """Index the chunks of a job queued leased to the caller, with their `embedding` from
+        `embed_ahead` if started; True once searchable within `timeout` seconds (else it is
+        finished in the background)."""
         ...

@@ -3,12 +3,10 @@ what latency, by match budget.
 
 Loads LongMemEval s150 conversations as chunk rows (the service's 5/3 windows), repeated under
 new conversation ids up to --chunks, into one org; counts its term statistics; then asks s150
-questions org-wide three ways:
-
-- exact:  BM25 over every chunk holding a query word (the reference; slow on common words)
-- service: `lexical.search`, the org-wide plan (the rarest words that fit the budget; when even
-           the rarest word is common, the chunks holding both of the two rarest first)
-- rarest:  matching on the rarest words that fit the budget only (the plan before)
+questions org-wide through `lexical.search`, one round trip each: with the org-wide plan, by
+budget (the rarest words that fit the budget; when even the rarest word is common, the chunks
+holding both of the two rarest first), and exactly, as the reference (BM25 over every chunk
+holding a query word; slow on common words).
 
 Overlap@10 compares chunk texts, not ids: repeated conversations make equal chunks, and any
 copy is as right as another.
@@ -45,7 +43,7 @@ from api_service.store.migrate import migrate_url
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[2] / "shared" / "data" / "longmemeval"
 K = 10
-RULES = ("service", "rarest")
+INT_MAX = 2**31 - 1  # no limit, as a PostgreSQL integer
 CHUNK_COLUMNS = ["org_id", "conversation_id", "start_sequence", "chunk_id", "end_sequence", "text"]
 
 
@@ -98,32 +96,14 @@ async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> 
 
 
 async def ask(
-    conn: asyncpg.Connection, org_id: str, question: str, rule: str, budget: int
+    conn: asyncpg.Connection, org_id: str, question: str, budget: int | None
 ) -> list[str]:
-    if rule == "service":
-        return await lexical.search(conn, org_id, question, K, None, budget)
-    terms = await lexical.query_terms(conn, org_id, question)
-    if not terms:
-        return []
-    lexemes = [t["lexeme"] for t in terms]
-    async with conn.transaction():
-        await conn.execute(lexical.PLAN_SETTINGS)
-        if rule == "exact":  # every match scored, no cap
-            match = " | ".join(t["quoted"] for t in terms)
-            rows = await conn.fetch(lexical._EXACT, org_id, K, match, lexemes, None, 10**9)
-        else:
-            rows = await conn.fetch(
-                lexical._ORG_WIDE,
-                org_id,
-                K,
-                lexical.rarest_fitting(terms, budget),
-                lexemes,
-                [float(t["df"]) for t in terms],
-                budget,
-                float(terms[0]["chunks"]),
-                float(terms[0]["avg_length"]),
-            )
-    return [r["chunk_id"] for r in rows]
+    """The service's org-wide plan with `budget`; None: exact BM25, every match scored."""
+    if budget is None:
+        return await lexical.search(
+            conn, org_id, question, K, None, exact_below=INT_MAX, exact_cap=INT_MAX
+        )
+    return await lexical.search(conn, org_id, question, K, None, budget)
 
 
 async def texts(conn: asyncpg.Connection, org_id: str, ids: list[str]) -> set[str]:
@@ -147,31 +127,27 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
         lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
         questions = [json.loads(line)["question"] for line in lines][: args.questions]
         progress(f"exact BM25 for {len(questions)} questions")
-        exact = [
-            await texts(conn, org_id, await ask(conn, org_id, q, "exact", 0)) for q in questions
-        ]
+        exact = [await texts(conn, org_id, await ask(conn, org_id, q, None)) for q in questions]
         results = []
         for budget in args.budgets:
-            for rule in RULES:
-                for q in questions[:10]:  # warm-up
-                    await ask(conn, org_id, q, rule, budget)
-                overlap, times = [], []
-                for q, want in zip(questions, exact, strict=True):
-                    started = time.perf_counter()
-                    found = await ask(conn, org_id, q, rule, budget)
-                    times.append(1000 * (time.perf_counter() - started))
-                    got = await texts(conn, org_id, found)
-                    overlap.append(len(got & want) / len(want) if want else 1.0)
-                times.sort()
-                result = {
-                    "rule": rule,
-                    "budget": budget,
-                    "overlap_at_10": round(statistics.fmean(overlap), 3),
-                    "p50_ms": round(statistics.median(times), 2),
-                    "p90_ms": round(times[int(0.9 * (len(times) - 1))], 2),
-                }
-                progress(f"  {result}")
-                results.append(result)
+            for q in questions[:10]:  # warm-up
+                await ask(conn, org_id, q, budget)
+            overlap, times = [], []
+            for q, want in zip(questions, exact, strict=True):
+                started = time.perf_counter()
+                found = await ask(conn, org_id, q, budget)
+                times.append(1000 * (time.perf_counter() - started))
+                got = await texts(conn, org_id, found)
+                overlap.append(len(got & want) / len(want) if want else 1.0)
+            times.sort()
+            result = {
+                "budget": budget,
+                "overlap_at_10": round(statistics.fmean(overlap), 3),
+                "p50_ms": round(statistics.median(times), 2),
+                "p90_ms": round(times[int(0.9 * (len(times) - 1))], 2),
+            }
+            progress(f"  {result}")
+            results.append(result)
     finally:
         await conn.execute("DELETE FROM orgs WHERE org_id = $1", org_id)
         await conn.close()
@@ -190,25 +166,21 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for rule in RULES:
-        rows = [r for r in report["results"] if r["rule"] == rule]
-        ax.plot(
-            [r["p50_ms"] for r in rows], [r["overlap_at_10"] for r in rows], marker="o", label=rule
+    rows = report["results"]
+    ax.plot([r["p50_ms"] for r in rows], [r["overlap_at_10"] for r in rows], marker="o")
+    for r in rows:
+        ax.annotate(
+            f"budget {r['budget']}",
+            (r["p50_ms"], r["overlap_at_10"]),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=8,
         )
-        for r in rows:
-            ax.annotate(
-                str(r["budget"]),
-                (r["p50_ms"], r["overlap_at_10"]),
-                textcoords="offset points",
-                xytext=(4, -10),
-                fontsize=8,
-            )
     ax.set_xlabel("p50 latency, ms (one query, in-process)")
     ax.set_ylabel("overlap@10 with exact BM25")
     ax.set_title(
         f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, {report['machine']}"
     )
-    ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

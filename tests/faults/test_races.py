@@ -199,6 +199,58 @@ async def test_an_append_answers_once_searchable_and_its_job_closes_after(
     assert attempts == 2 and stored is not None and len(stored) == 4 * 768
 
 
+async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append's chunks are embedded while its transaction commits, not after; when the
+    transaction is refused (402 past the storage limit), that embedding is cancelled."""
+    embed = EmbedClient.embed
+    committed_at_embed: dict[str, bool] = {}  # first embedding of each text
+    cancelled: list[str] = []
+
+    async def watched_embed(self: EmbedClient, texts: list[str]) -> Vectors:
+        if "embedded ahead" not in texts[0]:  # another test's leftover job, say
+            return await embed(self, texts)
+        conn = await asyncpg.connect(database_url)
+        try:
+            committed = await conn.fetchval("SELECT count(*) FROM chunks WHERE text = $1", texts[0])
+            committed_at_embed.setdefault(texts[0], committed > 0)
+        finally:
+            await conn.close()
+        try:
+            await asyncio.sleep(0.3)  # longer than the rest of the transaction
+        except asyncio.CancelledError:
+            cancelled.extend(texts)
+            raise
+        return await embed(self, texts)
+
+    monkeypatch.setattr(EmbedClient, "embed", watched_embed)
+    async with running_service(database_url) as service:
+        org_id, key = await service.org_with_key()
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute(
+                "INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations) "
+                "VALUES ($1, 1000, 400, 10)",
+                f"plan_{org_id}",
+            )
+            await conn.execute(
+                "UPDATE orgs SET plan = $2 WHERE org_id = $1", org_id, f"plan_{org_id}"
+            )
+        finally:
+            await conn.close()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            assert (await say(http, cid, "embedded ahead")).status_code == 200
+            found = await mcp.ok("search", query="[user]: embedded ahead", limit=1)
+            assert found["results"][0]["score"] == 1.0
+            refused = await say(http, cid, "x" * 500)
+            assert refused.status_code == 402, refused.text
+    refused_text = "[user]: embedded ahead\n[user]: " + "x" * 500
+    assert committed_at_embed == {"[user]: embedded ahead": False, refused_text: False}
+    assert cancelled == [refused_text]
+
+
 async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again(
     database_url: str,
 ) -> None:
