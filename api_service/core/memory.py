@@ -127,9 +127,13 @@ class MemoryService:
             if count is None:
                 raise conversation_not_found()
             first = count - len(items) + 1
-            await repo.insert_messages(conn, who.org_id, conversation_id, first, message_ids, items)
-            queued = await self._rebuild_windows(
-                conn, who.org_id, conversation_id, first, count, count, ahead
+            starts = chunking.window_starts_touching(first, count, count)
+            lines = await repo.insert_messages(
+                conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
+            )
+            lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
+            queued = await self._write_windows(
+                conn, who.org_id, conversation_id, starts, count, lines, ahead
             )
             await self._charge(
                 conn, who, storage_bytes=added_bytes, conversations=new_conversations
@@ -166,8 +170,12 @@ class MemoryService:
                 raise NotFound("Message not found")
             message, delta = updated
             await repo.touch_conversation(conn, who.org_id, conversation_id, delta)
-            queued = await self._rebuild_windows(
-                conn, who.org_id, conversation_id, message.sequence, message.sequence, count, ahead
+            starts = chunking.window_starts_touching(message.sequence, message.sequence, count)
+            lines = await repo.message_lines(
+                conn, who.org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
+            )
+            queued = await self._write_windows(
+                conn, who.org_id, conversation_id, starts, count, lines, ahead
             )
             await self._charge(conn, who, storage_bytes=delta, conversations=0)
         await self._await_indexing(queued, ahead)
@@ -340,7 +348,7 @@ class MemoryService:
 
     @contextlib.asynccontextmanager
     async def _embedding_ahead(self) -> AsyncIterator[list[asyncio.Future[Any]]]:
-        """Where a write's transaction leaves the embedding it started (`_rebuild_windows`);
+        """Where a write's transaction leaves the embedding it started (`_write_windows`);
         cancelled if the transaction fails."""
         ahead: list[asyncio.Future[Any]] = []
         try:
@@ -350,23 +358,20 @@ class MemoryService:
                 embedding.cancel()
             raise
 
-    async def _rebuild_windows(
+    async def _write_windows(
         self,
         conn: Conn,
         org_id: str,
         conversation_id: str,
-        first: int,
-        last: int,
+        starts: Sequence[int],
         count: int,
+        lines: dict[int, tuple[str, str]],
         ahead: list[asyncio.Future[Any]],
     ) -> QueuedChunks:
-        """(Re)write the chunk rows of windows touching [first, last]; queue them for indexing,
-        leased to this request when it is to wait for them. Then their embedding starts at once,
-        in `ahead`: it runs while the transaction writes the chunks and commits."""
-        starts = chunking.window_starts_touching(first, last, count)
-        lines = await repo.message_lines(
-            conn, org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
-        )
+        """(Re)write the chunk rows of the windows at `starts` from their messages' `lines`;
+        queue them for indexing, leased to this request when it is to wait for them. Their
+        embedding starts at once, in `ahead`: it runs while the transaction writes the chunks
+        and commits."""
         chunks = []
         for start in starts:
             end = chunking.window_end(start, count)

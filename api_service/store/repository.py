@@ -186,15 +186,22 @@ async def insert_messages(
     first_sequence: int,
     message_ids: Sequence[str],
     messages: Sequence[NewMessage],
-) -> None:
-    await conn.execute(
-        """INSERT INTO messages (org_id, conversation_id, sequence, message_id, role, content,
-                                 tool_call_id, tool_name, metadata)
-           SELECT $1, $2, $3 + i - 1, m.message_id, m.role, m.content, m.tool_call_id,
-                  m.tool_name, m.metadata::jsonb
-             FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-                  WITH ORDINALITY
-                  AS m(message_id, role, content, tool_call_id, tool_name, metadata, i)""",
+    lines_from: int,
+) -> dict[int, tuple[str, str]]:
+    """Insert the messages from `first_sequence` on; in the same statement, read the lines
+    (sequence -> (role, content)) of the stored messages from `lines_from` up to them, which
+    the windows they join also hold."""
+    rows = await conn.fetch(
+        """WITH inserted AS (
+               INSERT INTO messages (org_id, conversation_id, sequence, message_id, role,
+                                     content, tool_call_id, tool_name, metadata)
+               SELECT $1, $2, $3 + i - 1, m.message_id, m.role, m.content, m.tool_call_id,
+                      m.tool_name, m.metadata::jsonb
+                 FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+                             $9::text[]) WITH ORDINALITY
+                      AS m(message_id, role, content, tool_call_id, tool_name, metadata, i))
+           SELECT sequence, role, content FROM messages
+            WHERE org_id = $1 AND conversation_id = $2 AND sequence >= $10 AND sequence < $3""",
         org_id,
         conversation_id,
         first_sequence,
@@ -204,7 +211,9 @@ async def insert_messages(
         [m.tool_call_id for m in messages],
         [m.tool_name for m in messages],
         [None if m.metadata is None else json.dumps(m.metadata) for m in messages],
+        lines_from,
     )
+    return {r["sequence"]: (r["role"], r["content"]) for r in rows}
 
 
 async def get_messages(
