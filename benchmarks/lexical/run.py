@@ -116,6 +116,7 @@ async def texts(conn: asyncpg.Connection, org_id: str, ids: list[str]) -> set[st
 async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     await migrate_url(database_url)
     conn = await asyncpg.connect(database_url)
+    server_version = await conn.fetchval("SHOW server_version")
     org_id = new_id("org")
     try:
         await admin.create_org(conn, org_id, new_id("bench-lexical"), None)
@@ -153,6 +154,7 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
         await conn.close()
     return {
         "machine": args.machine,
+        "postgres": server_version,
         "chunks": size,
         "questions": len(questions),
         "results": results,
@@ -179,7 +181,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("p50 latency, ms (one query, in-process)")
     ax.set_ylabel("overlap@10 with exact BM25")
     ax.set_title(
-        f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, {report['machine']}"
+        f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, "
+        f"{report['machine']}, PostgreSQL {report['postgres']}"
     )
     ax.grid(alpha=0.3)
     fig.tight_layout()
