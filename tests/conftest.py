@@ -8,6 +8,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+# Tests fork only to exec (PostgreSQL's pg_ctl, services in subprocesses), from a process that
+# runs gRPC servers and clients: gRPC's fork handlers then crash the child now and then.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 import asyncpg
 import pytest
 
