@@ -44,3 +44,9 @@ def header(record: dict[str, float], total_seconds: float) -> bytes:
     """The `Server-Timing` value: each part, then the total, in milliseconds."""
     parts = [*record.items(), ("total", total_seconds)]
     return ", ".join(f"{name};dur={seconds * 1000:.2f}" for name, seconds in parts).encode()
+
+
+def parse(value: str) -> dict[str, float]:
+    """A `Server-Timing` value read back: each part's name and milliseconds, `total` included."""
+    parts = (part.strip().split(";dur=") for part in value.split(","))
+    return {name: float(ms) for name, ms in parts}

@@ -57,6 +57,7 @@ from alternatives import (
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from api_service import timing
 from api_service.devstack import stack_in_subprocess
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
@@ -133,12 +134,6 @@ class Growth:
         }
 
 
-def server_timing(response: httpx.Response) -> dict[str, float]:
-    """The response's Server-Timing parts, in milliseconds (api_service/timing.py)."""
-    parts = (p.strip().split(";dur=") for p in response.headers["server-timing"].split(","))
-    return {name: float(ms) for name, ms in parts}
-
-
 async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float]:
     """One-message appends, one client: the whole request as the client sees it, and the
     service's own time with the embedding call excluded (Server-Timing total minus embed)."""
@@ -156,7 +151,7 @@ async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float
         r.raise_for_status()
         if i >= 10:  # warm-up
             whole.append(took)
-            parts = server_timing(r)
+            parts = timing.parse(r.headers["server-timing"])
             own.append((parts["total"] - parts["embed"]) / 1000)
     p50, p99 = percentiles(whole)
     own_p50, own_p99 = percentiles(own)
@@ -186,7 +181,7 @@ async def search_latency(
             r = await http.get("/api/v1/search", params={"q": q, "limit": K})
             rest.append(time.perf_counter() - t0)
             r.raise_for_status()
-            rest_server.append(server_timing(r)["total"] / 1000)
+            rest_server.append(timing.parse(r.headers["server-timing"])["total"] / 1000)
             t0 = time.perf_counter()
             res = await mcp.call_tool("search", {"query": q, "limit": K})
             mcp_times.append(time.perf_counter() - t0)

@@ -7,6 +7,7 @@ import re
 import asyncpg
 import pytest
 
+from api_service import timing
 from tests.api.harness import Service
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -349,11 +350,6 @@ async def test_operational_endpoints(service: Service) -> None:
         assert 'memory_http_requests_total{method="GET",route="other",status="401"}' in metrics
 
 
-def _server_timing(header: str) -> dict[str, float]:
-    parts = dict(part.strip().split(";dur=") for part in header.split(","))
-    return {name: float(ms) for name, ms in parts.items()}
-
-
 async def test_rest_responses_say_where_their_time_went(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         cid = await _create(http)
@@ -362,21 +358,21 @@ async def test_rest_responses_say_where_their_time_went(service: Service, key: s
             json={"conversation_id": cid, "messages": [{"role": "user", "content": "hello"}]},
         )
         assert r.status_code == 200, r.text
-        append = _server_timing(r.headers["Server-Timing"])
+        append = timing.parse(r.headers["Server-Timing"])
         assert set(append) == {"auth", "embed", "index", "total"}
         # The append answers after embedding, then upserting, its chunk, one after the other.
         assert 0 < append["embed"] + append["index"] + append["auth"] <= append["total"]
 
         r = await http.get("/api/v1/search", params={"q": "hello"})
         assert r.status_code == 200, r.text
-        search = _server_timing(r.headers["Server-Timing"])
+        search = timing.parse(r.headers["Server-Timing"])
         assert set(search) == {"auth", "embed", "index", "lexical", "total"}
         # The two rankings run side by side: neither is longer than the whole.
         assert 0 < max(search["embed"] + search["index"], search["lexical"]) <= search["total"]
 
         refused = await http.get("/api/v1/conversations/conv_doesnotexist")
         assert refused.status_code == 404
-        assert set(_server_timing(refused.headers["Server-Timing"])) == {"auth", "total"}
+        assert set(timing.parse(refused.headers["Server-Timing"])) == {"auth", "total"}
 
 
 async def test_non_finite_numbers_are_refused(service: Service, key: str) -> None:
