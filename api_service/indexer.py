@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import asyncpg
 import numpy as np
 
+from api_service import timing
 from api_service.clients import EmbedClient, IndexRouter, Vectors
 from api_service.store import lexical
 from api_service.store.records import QueuedChunks
@@ -186,7 +187,11 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         try:
-            vectors = None if embedding is None else await embedding
+            vectors = None
+            if embedding is not None:
+                # Only what is left of it after the commit holds up the answer.
+                with timing.part("embed_wait"):
+                    vectors = await embedding
             embedded = await self._embed_and_index(job.org_id, chunks, vectors)
             searchable.set_result(True)
             await self._finish([job], embedded)

@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import asyncpg
 
@@ -26,7 +26,7 @@ from api_service.settings import Limits
 from api_service.store import admin, lexical
 from api_service.store import repository as repo
 from api_service.store.db import Conn
-from api_service.store.records import ChunkRow, NewMessage, QueuedChunks
+from api_service.store.records import Charge, ChunkRow, NewMessage, QueuedChunks
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class MemoryService:
                 metadata=metadata or {},
                 storage_bytes=size,
             )
-            await self._charge(conn, who, storage_bytes=size, conversations=1)
+            await self._charge(conn, who, _charge(who, storage_bytes=size, conversations=1))
         return {"conversation_id": conversation_id}
 
     async def append_messages(
@@ -132,11 +132,9 @@ class MemoryService:
                 conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
             )
             lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
+            charge = _charge(who, storage_bytes=added_bytes, conversations=new_conversations)
             queued = await self._write_windows(
-                conn, who.org_id, conversation_id, starts, count, lines, ahead
-            )
-            await self._charge(
-                conn, who, storage_bytes=added_bytes, conversations=new_conversations
+                conn, who, conversation_id, starts, count, lines, ahead, charge
             )
         await self._await_indexing(queued, ahead)
         return {
@@ -174,10 +172,10 @@ class MemoryService:
             lines = await repo.message_lines(
                 conn, who.org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
             )
+            charge = _charge(who, storage_bytes=delta, conversations=0)
             queued = await self._write_windows(
-                conn, who.org_id, conversation_id, starts, count, lines, ahead
+                conn, who, conversation_id, starts, count, lines, ahead, charge
             )
-            await self._charge(conn, who, storage_bytes=delta, conversations=0)
         await self._await_indexing(queued, ahead)
         return {"updated": True, "message": views.message(message)}
 
@@ -243,7 +241,7 @@ class MemoryService:
             if freed is None:
                 raise conversation_not_found()
             await repo.enqueue_delete_job(conn, who.org_id, conversation_id)
-            await self._charge(conn, who, storage_bytes=-freed, conversations=-1)
+            await self._charge(conn, who, _charge(who, storage_bytes=-freed, conversations=-1))
         if self._indexer is not None:
             self._indexer.notify()
         return {"deleted": True}
@@ -320,30 +318,24 @@ class MemoryService:
             "conversations_limit": who.plan.conversations,
         }
 
-    async def _charge(
-        self, conn: Conn, who: Principal, *, storage_bytes: int, conversations: int
-    ) -> None:
+    async def _charge(self, conn: Conn, who: Principal, charge: Charge) -> None:
         """Count a write against the org's plan, or refuse it whole (402): the caller's
         transaction rolls back, so nothing of the write is stored."""
+        if not await repo.charge_org(conn, who.org_id, charge):
+            await self._refuse(conn, who, charge)
+
+    async def _refuse(self, conn: Conn, who: Principal, charge: Charge) -> NoReturn:
+        """The 402 for a write whose charge would pass a limit of the org's plan."""
         plan = who.plan
-        if await repo.charge_org(
-            conn,
-            who.org_id,
-            storage_bytes=storage_bytes,
-            conversations=conversations,
-            max_storage_bytes=plan.storage_bytes,
-            max_conversations=plan.conversations,
-        ):
-            return
         storage, count = await admin.org_totals(conn, who.org_id)
-        if conversations > 0 and count + conversations > plan.conversations:
+        if charge.conversations > 0 and count + charge.conversations > plan.conversations:
             raise PaymentRequired(
                 f"Conversation limit of {plan.conversations} reached; delete conversations "
                 "or move to a larger plan"
             )
         raise PaymentRequired(
             f"Storage limit of {plan.storage_bytes} bytes reached ({storage} used, this write "
-            f"needs {storage_bytes} more); delete conversations or move to a larger plan"
+            f"needs {charge.storage_bytes} more); delete conversations or move to a larger plan"
         )
 
     @contextlib.asynccontextmanager
@@ -361,17 +353,19 @@ class MemoryService:
     async def _write_windows(
         self,
         conn: Conn,
-        org_id: str,
+        who: Principal,
         conversation_id: str,
         starts: Sequence[int],
         count: int,
         lines: dict[int, tuple[str, str]],
         ahead: list[asyncio.Future[Any]],
+        charge: Charge,
     ) -> QueuedChunks:
         """(Re)write the chunk rows of the windows at `starts` from their messages' `lines`;
-        queue them for indexing, leased to this request when it is to wait for them. Their
-        embedding starts at once, in `ahead`: it runs while the transaction writes the chunks
-        and commits."""
+        queue them for indexing, leased to this request when it is to wait for them, and add
+        the write's `charge` to the org (402 if over a limit), in one statement: the last of
+        the transaction. Their embedding starts at once, in `ahead`: it runs while the
+        transaction writes the chunks and commits."""
         chunks = []
         for start in starts:
             end = chunking.window_end(start, count)
@@ -388,7 +382,10 @@ class MemoryService:
         if indexer is not None:
             ahead.append(indexer.embed_ahead([c.text for c in chunks]))
         leased = indexer.lease_seconds if indexer is not None else 0.0
-        return await repo.upsert_chunks(conn, org_id, conversation_id, chunks, leased)
+        queued = await repo.upsert_chunks(conn, who.org_id, conversation_id, chunks, charge, leased)
+        if queued is None:
+            await self._refuse(conn, who, charge)
+        return queued
 
     async def _await_indexing(self, queued: QueuedChunks, ahead: list[asyncio.Future[Any]]) -> None:
         if self._indexer is None:
@@ -402,6 +399,11 @@ class MemoryService:
             log.warning(
                 "indexing not done within %.1fs; continuing in the background", self._append_wait
             )
+
+
+def _charge(who: Principal, *, storage_bytes: int, conversations: int) -> Charge:
+    """A write's addition to the caller's org, with the limits of its plan."""
+    return Charge(storage_bytes, conversations, who.plan.storage_bytes, who.plan.conversations)
 
 
 def _known_shape(conversation_id: str) -> None:

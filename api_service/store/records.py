@@ -52,6 +52,24 @@ class ChunkRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Charge:
+    """What a write adds to its org's totals, and the plan's limits it must stay within."""
+
+    storage_bytes: int
+    conversations: int
+    max_storage_bytes: int
+    max_conversations: int
+
+    def params(self) -> tuple[int, int, int, int]:
+        return (
+            self.storage_bytes,
+            self.conversations,
+            self.max_storage_bytes,
+            self.max_conversations,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedChunks:
     """An outbox upsert job and the chunks it covers, as written: (chunk_id, version, text)."""
 

@@ -9,7 +9,14 @@ from typing import Any, Literal
 import asyncpg
 
 from api_service.store.db import Conn
-from api_service.store.records import ChunkRow, Conversation, Message, NewMessage, QueuedChunks
+from api_service.store.records import (
+    Charge,
+    ChunkRow,
+    Conversation,
+    Message,
+    NewMessage,
+    QueuedChunks,
+)
 
 SortKey = Literal["created_at", "updated_at", "message_count"]
 Order = Literal["asc", "desc"]
@@ -129,31 +136,24 @@ async def delete_conversation(conn: Conn, org_id: str, conversation_id: str) -> 
     return freed
 
 
-async def charge_org(
-    conn: Conn,
-    org_id: str,
-    *,
-    storage_bytes: int,
-    conversations: int,
-    max_storage_bytes: int,
-    max_conversations: int,
-) -> bool:
-    """Add to the org's totals unless a growing total would pass its limit; False if refused.
+def _charge_sql(first: int) -> str:
+    """The UPDATE that adds a Charge to org $1 unless a growing total would pass its limit;
+    the Charge's parameters are ${first}..${first + 3}, in Charge.params order. It holds the
+    org row's lock until commit: run it last in a write's transaction."""
+    added, conversations, max_bytes, max_conversations = (f"${first + i}" for i in range(4))
+    return f"""UPDATE orgs SET storage_bytes = storage_bytes + {added},
+                               conversation_count = conversation_count + {conversations}
+                WHERE org_id = $1
+                  AND ({added} <= 0 OR storage_bytes + {added} <= {max_bytes})
+                  AND ({conversations} <= 0
+                       OR conversation_count + {conversations} <= {max_conversations})
+            RETURNING org_id"""
 
+
+async def charge_org(conn: Conn, org_id: str, charge: Charge) -> bool:
+    """Add `charge` to the org's totals; False if it would pass a limit (nothing is added).
     Run it last in a write's transaction: it holds the org row's lock until commit."""
-    done = await conn.fetchval(
-        """UPDATE orgs SET storage_bytes = storage_bytes + $2,
-                           conversation_count = conversation_count + $3
-            WHERE org_id = $1
-              AND ($2 <= 0 OR storage_bytes + $2 <= $4)
-              AND ($3 <= 0 OR conversation_count + $3 <= $5)
-        RETURNING org_id""",
-        org_id,
-        storage_bytes,
-        conversations,
-        max_storage_bytes,
-        max_conversations,
-    )
+    done = await conn.fetchval(_charge_sql(2), org_id, *charge.params())
     return done is not None
 
 
@@ -298,13 +298,16 @@ async def upsert_chunks(
     org_id: str,
     conversation_id: str,
     chunks: Sequence[ChunkRow],
+    charge: Charge,
     leased_seconds: float = 0.0,
-) -> QueuedChunks:
+) -> QueuedChunks | None:
     """Insert or rebuild windows (a rebuilt window drops its stale embedding and gets the next
-    version) and queue them for indexing, in one statement. `leased_seconds` > 0 keeps the
-    job from the background indexer that long: the caller indexes the chunks itself."""
+    version), queue them for indexing and add the write's `charge` to the org, in one
+    statement; None if the charge would pass a limit (the caller's transaction must then roll
+    back). `leased_seconds` > 0 keeps the job from the background indexer that long: the
+    caller indexes the chunks itself. The org row stays locked until commit: run it last."""
     (row,) = await conn.fetch(  # one job, one row
-        """WITH written AS (
+        f"""WITH written AS (
                INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
                                    end_sequence, text)
                SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text
@@ -317,9 +320,11 @@ async def upsert_chunks(
            job AS (
                INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)
                VALUES ($1, 'upsert', $2, $4::text[], now() + make_interval(secs => $7))
-               RETURNING job_id)
+               RETURNING job_id),
+           charged AS ({_charge_sql(8)})
            SELECT job.job_id, array_agg(written.chunk_id) AS chunk_ids,
-                  array_agg(written.version) AS versions
+                  array_agg(written.version) AS versions,
+                  EXISTS (SELECT 1 FROM charged) AS charged
              FROM job, written GROUP BY job.job_id""",
         org_id,
         conversation_id,
@@ -328,7 +333,10 @@ async def upsert_chunks(
         [c.end_sequence for c in chunks],
         [c.text for c in chunks],
         leased_seconds,
+        *charge.params(),
     )
+    if not row["charged"]:
+        return None
     versions = dict(zip(row["chunk_ids"], row["versions"], strict=True))
     return QueuedChunks(
         job_id=row["job_id"],

@@ -359,9 +359,11 @@ async def test_rest_responses_say_where_their_time_went(service: Service, key: s
         )
         assert r.status_code == 200, r.text
         append = timing.parse(r.headers["Server-Timing"])
-        assert set(append) == {"auth", "embed", "index", "total"}
-        # The append answers after embedding, then upserting, its chunk, one after the other.
+        assert set(append) == {"auth", "embed", "embed_wait", "index", "total"}
+        # The append answers after embedding, then upserting, its chunk, one after the other;
+        # the wait for the embedding after the commit is a part of the embedding's time.
         assert 0 < append["embed"] + append["index"] + append["auth"] <= append["total"]
+        assert 0 <= append["embed_wait"] <= append["embed"] + 0.1
 
         r = await http.get("/api/v1/search", params={"q": "hello"})
         assert r.status_code == 200, r.text

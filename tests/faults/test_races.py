@@ -15,6 +15,7 @@ import pytest
 
 from api_service import indexer
 from api_service.clients import EmbedClient, IndexRouter, Vectors
+from api_service.store import repository
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
 from tests.api.harness import Service, outbox_drained, running_service, say
@@ -205,18 +206,15 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
     """An append's chunks are embedded while its transaction commits, not after; when the
     transaction is refused (402 past the storage limit), that embedding is cancelled."""
     embed = EmbedClient.embed
-    committed_at_embed: dict[str, bool] = {}  # first embedding of each text
+    write = repository.upsert_chunks
+    started: list[str] = []  # texts whose embedding has begun
+    started_before_commit: dict[str, bool] = {}  # by chunk text, as its transaction wrote it
     cancelled: list[str] = []
 
     async def watched_embed(self: EmbedClient, texts: list[str]) -> Vectors:
         if "embedded ahead" not in texts[0]:  # another test's leftover job, say
             return await embed(self, texts)
-        conn = await asyncpg.connect(database_url)
-        try:
-            committed = await conn.fetchval("SELECT count(*) FROM chunks WHERE text = $1", texts[0])
-            committed_at_embed.setdefault(texts[0], committed > 0)
-        finally:
-            await conn.close()
+        started.append(texts[0])
         try:
             await asyncio.sleep(0.3)  # longer than the rest of the transaction
         except asyncio.CancelledError:
@@ -224,6 +222,14 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
             raise
         return await embed(self, texts)
 
+    async def watched_write(*args: Any, **kwargs: Any) -> Any:
+        # The transaction's last statement: whatever runs when it returns began before commit.
+        queued = await write(*args, **kwargs)
+        chunk = args[3][0]
+        started_before_commit.setdefault(chunk.text, chunk.text in started)
+        return queued
+
+    monkeypatch.setattr(repository, "upsert_chunks", watched_write)
     monkeypatch.setattr(EmbedClient, "embed", watched_embed)
     async with running_service(database_url) as service:
         org_id, key = await service.org_with_key()
@@ -247,7 +253,7 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
             refused = await say(http, cid, "x" * 500)
             assert refused.status_code == 402, refused.text
     refused_text = "[user]: embedded ahead\n[user]: " + "x" * 500
-    assert committed_at_embed == {"[user]: embedded ahead": False, refused_text: False}
+    assert started_before_commit == {"[user]: embedded ahead": True, refused_text: True}
     assert cancelled == [refused_text]
 
 
