@@ -5,8 +5,11 @@ A key is `cmk_` + 43 random url-safe characters; only its sha256 is stored.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from collections import deque
@@ -23,6 +26,8 @@ from api_service.limits import PlanLimits
 from api_service.store import admin
 from api_service.store.db import Conn
 from api_service.store.records import ApiKey
+
+log = logging.getLogger(__name__)
 
 Scope = Literal["read", "write"]
 SCOPES: tuple[Scope, ...] = ("read", "write")
@@ -86,17 +91,108 @@ def bearer_token(authorization: str | None) -> str:
     return token.strip()
 
 
+class KeyCache:
+    """Keys this process resolved, by digest, so a request needs no lookup of its own.
+
+    Entries are kept only while a connection listens on AUTH_CHANNEL, where PostgreSQL
+    announces every change that can alter what a key resolves to (migration 0005): the
+    announcement empties the cache, so a revoked key stops working as soon as it arrives.
+    Without that connection (not started, or lost until it reconnects) nothing is kept. An
+    entry lives at most `ttl_seconds` besides, should an announcement be lost. Unknown keys
+    are never kept: guessing cannot fill the cache."""
+
+    AUTH_CHANNEL = "memory_auth_changed"
+    RECONNECT_SECONDS = 1.0
+
+    def __init__(
+        self,
+        max_entries: int = 10_000,
+        ttl_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max = max_entries
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self._entries: dict[bytes, tuple[float, admin.KeyMatch]] = {}
+        self._generation = 0  # moves on at every emptying
+        self.listening = False
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def get(self, digest: bytes) -> admin.KeyMatch | None:
+        entry = self._entries.get(digest)
+        if entry is None or not self.listening:
+            return None
+        kept_at, match = entry
+        if self._clock() - kept_at > self._ttl:
+            del self._entries[digest]
+            return None
+        return match
+
+    def put(self, digest: bytes, match: admin.KeyMatch, generation: int) -> None:
+        """Keep `match`, read from PostgreSQL when the cache was at `generation`; not if the
+        cache has been emptied since, as the read may predate the change announced."""
+        if not self.listening or generation != self._generation or self._max <= 0:
+            return
+        if len(self._entries) >= self._max:
+            self._entries.clear()  # rare: more live keys than entries; start over
+        self._entries[digest] = (self._clock(), match)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._generation += 1
+
+    async def listen(self, database_url: str) -> None:
+        """Keep a connection listening for changes until cancelled, reconnecting when lost."""
+        while True:
+            try:
+                conn = await asyncpg.connect(database_url)
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("key cache: cannot listen (%s); keys are looked up each time", exc)
+                await asyncio.sleep(self.RECONNECT_SECONDS)
+                continue
+            try:
+                await self._listen_on(conn)
+                log.warning("key cache: the listening connection was lost; reconnecting")
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("key cache: listening failed (%s); reconnecting", exc)
+            finally:
+                self.listening = False
+                self.clear()
+                with contextlib.suppress(Exception):
+                    await conn.close(timeout=2)
+            await asyncio.sleep(self.RECONNECT_SECONDS)
+
+    async def _listen_on(self, conn: asyncpg.Connection) -> None:
+        """Keep entries while `conn` listens; return when it is lost."""
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _: lost.set())
+        await conn.add_listener(self.AUTH_CHANNEL, lambda *_: self.clear())
+        self.clear()  # what was read before listening may have changed unannounced
+        self.listening = True
+        await lost.wait()
+
+
 async def resolve(
     pool: asyncpg.Pool,
     authorization: str | None,
     default_plan: PlanLimits | None = None,
     now: datetime | None = None,
+    cache: KeyCache | None = None,
 ) -> Principal:
     """The principal for an Authorization header; 401 for a missing or unknown key, 403 for an
-    expired or revoked one. The org's plan, or `default_plan`, comes in the same query."""
+    expired or revoked one. The org's plan, or `default_plan`, comes in the same query, or from
+    `cache`."""
     token = bearer_token(authorization)
     digest = hash_key(token)
-    found = await admin.key_by_hash(pool, digest)
+    found = cache.get(digest) if cache is not None else None
+    if found is None:
+        generation = cache.generation if cache is not None else 0
+        found = await admin.key_by_hash(pool, digest)
+        if found is not None and cache is not None:
+            cache.put(digest, found, generation)
     if found is None or not hmac.compare_digest(found.key_hash, digest):
         raise Unauthorized("Unauthorized: invalid API key")
     key = found.key

@@ -54,9 +54,11 @@ class GuardMiddleware:
         max_body_bytes: int,
         default_plan: PlanLimits,
         throttle: auth.FailedAuthThrottle,
+        key_cache: auth.KeyCache | None = None,
     ) -> None:
         self.app = app
         self._throttle = throttle
+        self._key_cache = key_cache
         self._pool_of = pool_of
         self._meter_of = meter_of
         self._max_body = max_body_bytes
@@ -123,7 +125,9 @@ class GuardMiddleware:
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
             with timing.part("auth"):
-                return await auth.resolve(self._pool_of(), authorization, self._default_plan)
+                return await auth.resolve(
+                    self._pool_of(), authorization, self._default_plan, cache=self._key_cache
+                )
         except Exception as exc:
             error = classify(exc)
             if isinstance(error, Unauthorized | Forbidden):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import time
@@ -23,7 +24,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api_service.auth import FailedAuthThrottle
+from api_service.auth import FailedAuthThrottle, KeyCache
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
@@ -76,6 +77,7 @@ async def database_url(settings: ApiSettings, stack: contextlib.ExitStack) -> st
 def create_app(settings: ApiSettings) -> FastAPI:
     """The whole HTTP front; dependencies are opened by its lifespan."""
     runtime = Runtime()
+    key_cache = KeyCache(settings.key_cache_entries) if settings.key_cache_entries > 0 else None
     mcp = build_mcp(runtime.require_memory)
     mcp_app = mcp.streamable_http_app(
         streamable_http_path="/mcp",
@@ -111,10 +113,15 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 runtime.meter = Meter(pool, flush_seconds=settings.meter_flush_seconds)
                 runtime.meter.start()
             app.state.meter = runtime.meter
+            listening = None if key_cache is None else asyncio.create_task(key_cache.listen(url))
             try:
                 async with mcp.session_manager.run():
                     yield
             finally:
+                if listening is not None:
+                    listening.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await listening
                 if runtime.meter is not None:
                     await runtime.meter.stop()
                 await indexer.stop()
@@ -139,6 +146,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         max_body_bytes=settings.limits.body_bytes,
         default_plan=settings.default_plan,
         throttle=FailedAuthThrottle(settings.auth_failures_per_minute, window_seconds=60.0),
+        key_cache=key_cache,
     )
     _add_metrics(app, runtime.registry)  # added last: outermost, so refusals are counted too
     if settings.cors_origins:

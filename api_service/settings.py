@@ -56,6 +56,9 @@ class ApiSettings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     # Limits of orgs without a plan of their own (`memctl plan set`).
     default_plan: PlanLimits = Field(default_factory=PlanLimits)
+    # Resolved API keys kept in memory, emptied on every change PostgreSQL announces
+    # (auth.KeyCache); 0 looks every request's key up.
+    key_cache_entries: int = 10_000
     # Failed authentications per client address and minute before it gets 429s.
     auth_failures_per_minute: int = 20
     metering_enabled: bool = True

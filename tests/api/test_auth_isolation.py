@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import asyncpg
 import httpx
 import httpx2
 import pytest
 
+from api_service import auth
+from api_service.store import admin
 from tests.api.harness import Service, running_service
 
 REST_CALLS = [
@@ -49,6 +55,130 @@ async def test_missing_invalid_expired_revoked_keys(service: Service) -> None:
         "/api/v1/conversations", headers={"Authorization": f"Bearer {expired}"}
     )
     assert "expired" in r.json()["error"]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 3.0) -> bool:
+    """Whether `check` comes true within `seconds` (PostgreSQL's announcements are async)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_a_key_is_kept_resolved_until_revoked(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the key cache listens, a known key needs no lookup; revoking the key empties the
+    cache at once (well within the entries' 60 s life), and the next request is refused."""
+    _, key = await service.org_with_key()
+    lookups: list[bytes] = []
+    lookup = admin.key_by_hash
+
+    async def counted(conn: asyncpg.Pool, key_hash: bytes) -> admin.KeyMatch | None:
+        lookups.append(key_hash)
+        return await lookup(conn, key_hash)
+
+    monkeypatch.setattr(admin, "key_by_hash", counted)
+    async with service.rest(key) as http:
+
+        async def served_from_memory() -> bool:
+            before = len(lookups)
+            assert (await http.get("/api/v1/usage")).status_code == 200
+            return len(lookups) == before
+
+        async def refused() -> bool:
+            return (await http.get("/api/v1/usage")).status_code == 403
+
+        assert await eventually(served_from_memory)
+        await service.revoke_key(key)
+        assert await eventually(refused, seconds=2.0)
+        assert auth.hash_key(key) in lookups
+
+
+async def test_a_plan_changed_after_use_applies(service: Service) -> None:
+    """The org's plan comes with its key, and a change to either the org's plan or the plan's
+    limits reaches a key already kept in memory."""
+    org_id, key = await service.org_with_key()
+    async with service.rest(key) as http:
+
+        def limit_is(expected: str) -> Callable[[], Awaitable[bool]]:
+            async def check() -> bool:
+                r = await http.get("/api/v1/usage")
+                return bool(r.headers["X-RateLimit-Limit"] == expected)
+
+            return check
+
+        default = (await http.get("/api/v1/usage")).headers["X-RateLimit-Limit"]
+        assert await eventually(limit_is(default))
+        conn = await asyncpg.connect(service.database_url)
+        try:
+            await conn.execute(
+                "INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations) "
+                "VALUES ('small', 123, 1000000, 10)"
+            )
+            await conn.execute("UPDATE orgs SET plan = 'small' WHERE org_id = $1", org_id)
+            assert await eventually(limit_is("123"), seconds=2.0)
+            await conn.execute("UPDATE plans SET monthly_requests = 456 WHERE name = 'small'")
+            assert await eventually(limit_is("456"), seconds=2.0)
+        finally:
+            await conn.close()
+
+
+async def test_the_key_cache_keeps_nothing_unless_listening(database_url: str) -> None:
+    """Entries are kept only while a connection listens for changes: not before it, not after
+    it is lost, not once a change is announced, not past their life, and not from a read that
+    an emptying overtook."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        org = await admin.create_org(conn, "org_cache", "cache", None)
+        secret, _ = await auth.issue_key(conn, org.org_id, ["read"], None)
+        digest = auth.hash_key(secret)
+        match = await admin.key_by_hash(conn, digest)
+        assert match is not None
+        now = [0.0]
+        cache = auth.KeyCache(ttl_seconds=60.0, clock=lambda: now[0])
+
+        async def kept() -> bool:
+            cache.put(digest, match, cache.generation)
+            return cache.get(digest) is match
+
+        async def emptied() -> bool:
+            return cache.get(digest) is None
+
+        async def not_listening() -> bool:
+            return not cache.listening
+
+        assert not await kept()  # not listening yet
+        listening = asyncio.create_task(cache.listen(database_url))
+        try:
+            assert await eventually(kept)
+            await conn.execute("UPDATE api_keys SET scopes = scopes WHERE key_hash = $1", digest)
+            assert await eventually(emptied)
+
+            read_at = cache.generation
+            cache.clear()  # a change announced while the read was under way
+            cache.put(digest, match, read_at)
+            assert cache.get(digest) is None
+
+            assert await kept()
+            now[0] += 61
+            assert cache.get(digest) is None  # past its life
+
+            assert await kept()
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+            )
+            assert await eventually(not_listening)
+            assert not await kept()
+            assert await eventually(kept)  # listening again
+        finally:
+            listening.cancel()
+            await asyncio.gather(listening, return_exceptions=True)
+    finally:
+        await conn.close()
 
 
 async def test_read_only_key_cannot_write(service: Service) -> None:
