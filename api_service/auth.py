@@ -146,13 +146,17 @@ class KeyCache:
 
     async def listen(self, database_url: str) -> None:
         """Keep a connection listening for changes until cancelled, reconnecting when lost."""
+        failing = False  # warned of this outage already
         while True:
             try:
                 conn = await asyncpg.connect(database_url)
             except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("key cache: cannot listen (%s); keys are looked up each time", exc)
+                if not failing:
+                    log.warning("key cache: cannot listen (%s); keys are looked up each time", exc)
+                failing = True
                 await asyncio.sleep(self.RECONNECT_SECONDS)
                 continue
+            failing = False
             try:
                 await self._listen_on(conn)
                 log.warning("key cache: the listening connection was lost; reconnecting")
