@@ -25,7 +25,7 @@ async def test_the_server_runs_with_them(tmp_path: Path) -> None:
         try:
             shown = {
                 name: await conn.fetchval(f"SELECT current_setting('{name}')")
-                for name in ("shared_buffers", "random_page_cost", "jit")
+                for name in ("shared_buffers", "random_page_cost", "jit", "max_wal_size")
             }
         finally:
             await conn.close()
@@ -35,4 +35,9 @@ async def test_the_server_runs_with_them(tmp_path: Path) -> None:
     wanted = settings(memory)
     buffers_mb = int(wanted["shared_buffers"].removesuffix("MB"))
     expected_buffers = f"{buffers_mb // 1024}GB" if buffers_mb % 1024 == 0 else f"{buffers_mb}MB"
-    assert shown == {"shared_buffers": expected_buffers, "random_page_cost": "1.1", "jit": "off"}
+    assert shown == {
+        "shared_buffers": expected_buffers,
+        "random_page_cost": "1.1",
+        "jit": "off",
+        "max_wal_size": "4GB",
+    }
