@@ -84,7 +84,7 @@ class MemoryService:
                 metadata=metadata or {},
                 storage_bytes=size,
             )
-            await self._charge(conn, who, _charge(who, storage_bytes=size, conversations=1))
+            await self._charge(conn, who, _plan_charge(who, storage_bytes=size, conversations=1))
         return {"conversation_id": conversation_id}
 
     async def append_messages(
@@ -132,7 +132,7 @@ class MemoryService:
                 conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
             )
             lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
-            charge = _charge(who, storage_bytes=added_bytes, conversations=new_conversations)
+            charge = _plan_charge(who, storage_bytes=added_bytes, conversations=new_conversations)
             queued = await self._write_windows(
                 conn, who, conversation_id, starts, count, lines, ahead, charge
             )
@@ -172,7 +172,7 @@ class MemoryService:
             lines = await repo.message_lines(
                 conn, who.org_id, conversation_id, starts[0], chunking.window_end(starts[-1], count)
             )
-            charge = _charge(who, storage_bytes=delta, conversations=0)
+            charge = _plan_charge(who, storage_bytes=delta, conversations=0)
             queued = await self._write_windows(
                 conn, who, conversation_id, starts, count, lines, ahead, charge
             )
@@ -241,7 +241,7 @@ class MemoryService:
             if freed is None:
                 raise conversation_not_found()
             await repo.enqueue_delete_job(conn, who.org_id, conversation_id)
-            await self._charge(conn, who, _charge(who, storage_bytes=-freed, conversations=-1))
+            await self._charge(conn, who, _plan_charge(who, storage_bytes=-freed, conversations=-1))
         if self._indexer is not None:
             self._indexer.notify()
         return {"deleted": True}
@@ -401,7 +401,7 @@ class MemoryService:
             )
 
 
-def _charge(who: Principal, *, storage_bytes: int, conversations: int) -> Charge:
+def _plan_charge(who: Principal, *, storage_bytes: int, conversations: int) -> Charge:
     """A write's addition to the caller's org, with the limits of its plan."""
     return Charge(storage_bytes, conversations, who.plan.storage_bytes, who.plan.conversations)
 
