@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import asyncpg
+import grpc
 import numpy as np
 
 from api_service import timing
@@ -81,6 +82,7 @@ class Indexer:
         self._embedder = embedder
         self._index = index
         self._batch_size = batch_size
+        self._embed_size = batch_size  # texts per embedding call; smaller after a deadline
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._tasks: list[asyncio.Task[None]] = []
@@ -117,13 +119,32 @@ class Indexer:
         return asyncio.ensure_future(self._embed(texts))
 
     async def _embed(self, texts: Sequence[str]) -> Vectors:
-        """The texts' vectors, embedded batch_size texts a call."""
-        size = self._batch_size
+        """The texts' vectors, embedded at most `_embed_size` texts a call. A call that runs
+        past its deadline is split in two and each half tried again, and later calls keep the
+        smaller size: the model on a CPU can take longer over a full batch than the deadline
+        allows, and retrying the whole batch would fail the same way for ever."""
+        size = self._embed_size
         parts = [
-            await self._embedder.embed(texts[start : start + size])
+            await self._embed_call(texts[start : start + size])
             for start in range(0, len(texts), size)
         ]
         return np.vstack(parts)
+
+    async def _embed_call(self, texts: Sequence[str]) -> Vectors:
+        try:
+            return await self._embedder.embed(texts)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or len(texts) == 1:
+                raise
+        half = len(texts) // 2
+        if half < self._embed_size:
+            self._embed_size = half
+            log.warning(
+                "indexer: embedding %d texts ran past the deadline; now %d a call", len(texts), half
+            )
+        return np.vstack(
+            [await self._embed_call(texts[:half]), await self._embed_call(texts[half:])]
+        )
 
     async def index_now(
         self,

@@ -20,9 +20,10 @@ import grpc
 import pytest
 
 from api_service.settings import ApiSettings
+from embed_service.hashing import HashingEmbedder
 from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import McpCaller, Service, outbox_drained, say, serve
+from tests.api.harness import McpCaller, Service, outbox_drained, running_service, say, serve
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -259,3 +260,35 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
                 )
             )
         assert stats.vectors == 1
+
+
+async def test_an_embedding_call_past_its_deadline_is_split(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The model on a CPU can take longer over a full batch than the gRPC deadline allows;
+    retried whole, such a job would fail for ever. The indexer splits a call that ran past
+    its deadline and keeps the smaller size, so the chunks get indexed."""
+    embed = HashingEmbedder.embed
+
+    def slow_embed(self: HashingEmbedder, batch: Any) -> Any:
+        time.sleep(0.15 * len(batch))  # 10 windows: 1.5 s, past the 1 s deadline
+        return embed(self, batch)
+
+    monkeypatch.setattr(HashingEmbedder, "embed", slow_embed)
+    async with running_service(
+        database_url, grpc_timeout_seconds=1.0, append_index_wait_seconds=0
+    ) as service:
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            turns = [{"role": "user", "content": f"turn {i} of the long talk"} for i in range(30)]
+            r = await http.post(
+                "/api/v1/messages", json={"conversation_id": cid, "messages": turns}
+            )
+            assert r.status_code == 200, r.text
+            await outbox_drained(database_url, deadline_s=30)
+            conversation = (await http.get(f"/api/v1/conversations/{cid}")).json()
+            assert conversation["conversation"]["message_count"] == 30
+            found = await mcp.ok("search", query="[user]: turn 27 of the long talk", limit=3)
+            assert found["results"] and found["results"][0]["conversation_id"] == cid
+    assert any("ran past the deadline" in r.getMessage() for r in caplog.records)
