@@ -32,13 +32,21 @@ def marker(kind: str) -> str:
 class _Rule:
     kind: str
     find: Callable[[str], Iterable[str]]
+    # Lower-case strings one of which every match holds: the rule is skipped on text (lower-
+    # cased) that holds none. Most text holds none, and a regex scan costs microseconds per KB
+    # where `in` costs nanoseconds. A case-blind pattern's needles avoid i, k and s: re's
+    # IGNORECASE also matches them to letters that lower() does not map to them (dotless i,
+    # long s).
+    needs: tuple[str, ...] = ()
 
 
-def _plugin(kind: str, plugin: RegexBasedDetector, group: int = 0) -> _Rule:
+def _plugin(kind: str, plugin: RegexBasedDetector, needs: tuple[str, ...], group: int = 0) -> _Rule:
     """A rule from a detect-secrets plugin's patterns, keeping the whole match (its own
     analyze_string keeps only capture groups where a pattern has them)."""
     patterns = list(plugin.denylist)
-    return _Rule(kind, lambda text: [m.group(group) for p in patterns for m in p.finditer(text)])
+    return _Rule(
+        kind, lambda text: [m.group(group) for p in patterns for m in p.finditer(text)], needs
+    )
 
 
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
@@ -50,9 +58,11 @@ def _jwts(text: str) -> list[str]:
     ]
 
 
-def _regex(kind: str, pattern: str, group: int = 0, flags: int = 0) -> _Rule:
+def _regex(
+    kind: str, pattern: str, needs: tuple[str, ...] = (), group: int = 0, flags: int = 0
+) -> _Rule:
     compiled = re.compile(pattern, flags)
-    return _Rule(kind, lambda text: [m.group(group) for m in compiled.finditer(text)])
+    return _Rule(kind, lambda text: [m.group(group) for m in compiled.finditer(text)], needs)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -65,9 +75,10 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-# Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5.
+# Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5. The first
+# digit is matched before the look-behind so that re scans only from digits (7x faster).
 _CARD = re.compile(
-    r"(?<![\d-])(?:\d{13,19}|\d{4}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5})"
+    r"\d(?<![\d-]\d)(?:\d{12,18}|\d{3}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{3}([ -])\d{6}\2\d{4,5})"
     r"(?![\d-])"
 )
 
@@ -87,25 +98,41 @@ _SECRET_RULES: tuple[_Rule, ...] = (
         "private_key",
         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
         r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+        needs=("-----begin ",),
         flags=re.DOTALL,
     ),
-    _plugin("aws_key", AWSKeyDetector()),
-    _plugin("github_token", GitHubTokenDetector()),
-    _regex("github_token", r"github_pat_[A-Za-z0-9_]{22,255}"),
-    _plugin("gitlab_token", GitLabTokenDetector()),
-    _plugin("slack_token", SlackDetector()),
-    _plugin("stripe_key", StripeDetector()),
-    _regex("stripe_key", r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,99}"),
-    _plugin("openai_key", OpenAIDetector()),
-    _regex("api_key", r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,}"),
-    _Rule("jwt", _jwts),
-    _regex("bearer_token", r"\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)", group=1, flags=re.IGNORECASE),
-    _plugin("url_password", BasicAuthDetector(), group=1),
+    # The plugins' needles follow their patterns (tests/unit/test_redaction.py pins them);
+    # AWS's second pattern is case-blind, hence "aw".
+    _plugin("aws_key", AWSKeyDetector(), ("a3t", "abia", "acca", "akia", "asia", "aw")),
+    _plugin("github_token", GitHubTokenDetector(), ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
+    _regex("github_token", r"github_pat_[A-Za-z0-9_]{22,255}", ("github_pat_",)),
+    _plugin(
+        "gitlab_token",
+        GitLabTokenDetector(),
+        (
+            *("glpat-", "gldt-", "glft-", "glsoat-", "glrt-", "gr1348941", "glcbt-"),
+            *("glimt-", "glptt-", "glagent-", "gloas-"),
+        ),
+    ),
+    _plugin("slack_token", SlackDetector(), ("xox", ".com")),
+    _plugin("stripe_key", StripeDetector(), ("k_live_",)),
+    _regex("stripe_key", r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,99}", ("k_live_", "k_test_")),
+    _plugin("openai_key", OpenAIDetector(), ("t3blbkfj",)),
+    _regex("api_key", r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,}", ("sk-",)),
+    _Rule("jwt", _jwts, ("eyj",)),
+    _regex(
+        "bearer_token",
+        r"\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)",
+        ("bearer",),
+        group=1,
+        flags=re.IGNORECASE,
+    ),
+    _plugin("url_password", BasicAuthDetector(), ("://",), group=1),
     _Rule("card_number", _cards),
 )
 
 _PII_RULES: tuple[_Rule, ...] = (
-    _regex("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+    _regex("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b", ("@",)),
     _regex("phone", r"(?<![\w+])\+?\d{1,3}[ .-]?\(?\d{2,4}\)?[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)"),
 )
 
@@ -120,10 +147,14 @@ class Redactor:
         """The text with each finding replaced by its marker, and the kinds found."""
         kinds: list[str] = []
         rules = _SECRET_RULES + (_PII_RULES if self.pii else ())
+        lowered = text.lower()
         for rule in rules:
+            if rule.needs and not any(needle in lowered for needle in rule.needs):
+                continue
             for found in sorted(set(rule.find(text)), key=len, reverse=True):
                 if found and found in text:
                     text = text.replace(found, marker(rule.kind))
+                    lowered = text.lower()
                     kinds.append(rule.kind)
         return text, kinds
 

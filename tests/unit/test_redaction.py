@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
 
+import pytest
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.base import RegexBasedDetector
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.stripe import StripeDetector
+
+from api_service.core import redaction
 from api_service.core.redaction import Redactor, luhn_valid
 
 JWT = (
@@ -75,18 +86,18 @@ def test_each_secret_kind_is_redacted(kind: str, text: str, secret: str) -> None
     assert kind in kinds
 
 
-@pytest.mark.parametrize(
-    "text",
-    [
-        "My flight is TP 1351 on 2023-05-03, seat 14A, booking ref 6XKQ2P.",
-        "I ran 10 km in 52:30 and my order 1234 5678 9012 3456 is late.",  # fails Luhn
-        "The meeting is at 3pm; call 555-0134 if late.",
-        "Use git commit -m 'fix' then push to https://github.com/org/repo.git",
-        "Bearer bonds were popular in the 1920s.",
-        "Write a haiku about sk-ateboarding in the rain",
-        "My email is jo.doe@example.com and phone +1 415 555 0134",  # PII is off by default
-    ],
-)
+ORDINARY = [
+    "My flight is TP 1351 on 2023-05-03, seat 14A, booking ref 6XKQ2P.",
+    "I ran 10 km in 52:30 and my order 1234 5678 9012 3456 is late.",  # fails Luhn
+    "The meeting is at 3pm; call 555-0134 if late.",
+    "Use git commit -m 'fix' then push to https://github.com/org/repo.git",
+    "Bearer bonds were popular in the 1920s.",
+    "Write a haiku about sk-ateboarding in the rain",
+    "My email is jo.doe@example.com and phone +1 415 555 0134",  # PII is off by default
+]
+
+
+@pytest.mark.parametrize("text", ORDINARY)
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert Redactor().redact(text) == (text, [])
 
@@ -113,3 +124,78 @@ def test_metadata_values_are_redacted_recursively() -> None:
 def test_luhn() -> None:
     assert luhn_valid("4111111111111111")
     assert not luhn_valid("4111111111111112")
+
+
+# The needles each plugin rule was written for follow these patterns; a detect-secrets upgrade
+# that changes them must be read before its rule's needles are trusted again.
+PLUGIN_PATTERNS = {
+    "aws_key": [
+        "(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}",
+        "aws.{0,20}?(?:key|pwd|pw|password|pass|token).{0,20}?[\\'\\\"]([0-9a-zA-Z/+]{40})[\\'\\\"]",
+    ],
+    "github_token": ["(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}"],
+    "gitlab_token": [
+        "(glpat|gldt|glft|glsoat|glrt)-[A-Za-z0-9_\\-]{20,50}(?!\\w)",
+        "GR1348941[A-Za-z0-9_\\-]{20,50}(?!\\w)",
+        "glcbt-([0-9a-fA-F]{2}_)?[A-Za-z0-9_\\-]{20,50}(?!\\w)",
+        "glimt-[A-Za-z0-9_\\-]{25}(?!\\w)",
+        "glptt-[A-Za-z0-9_\\-]{40}(?!\\w)",
+        "glagent-[A-Za-z0-9_\\-]{50,1024}(?!\\w)",
+        "gloas-[A-Za-z0-9_\\-]{64}(?!\\w)",
+    ],
+    "slack_token": [
+        "xox(?:a|b|p|o|s|r)-(?:\\d+-)+[a-z0-9]+",
+        "https://hooks\\.slack\\.com/services/T[a-zA-Z0-9_]+/B[a-zA-Z0-9_]+/[a-zA-Z0-9_]+",
+    ],
+    "stripe_key": ["(?:r|s)k_live_[0-9a-zA-Z]{24}"],
+    "openai_key": ["sk-[A-Za-z0-9-_]*[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}"],
+    "url_password": [
+        "://[^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+:([^:/\\?\\#\\[\\]@!\\$\\&'\\(\\)\\*\\+,;=\\s]+)@"
+    ],
+}
+
+
+def test_the_plugins_patterns_are_those_the_needles_were_written_for() -> None:
+    plugins: dict[str, type[RegexBasedDetector]] = {
+        "aws_key": AWSKeyDetector,
+        "github_token": GitHubTokenDetector,
+        "gitlab_token": GitLabTokenDetector,
+        "slack_token": SlackDetector,
+        "stripe_key": StripeDetector,
+        "openai_key": OpenAIDetector,
+        "url_password": BasicAuthDetector,
+    }
+    for kind, plugin in plugins.items():
+        assert [p.pattern for p in plugin().denylist] == PLUGIN_PATTERNS[kind], kind
+
+
+def _variants(text: str) -> list[str]:
+    return [text, text.upper(), text.lower(), f"see: {text} (done)"]
+
+
+EXTRA = [
+    "Authorization: BEARER 8f14e45fceea167a5a36dedd4bea2543",
+    "aws_secret_access_key = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY'",
+    "hook https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "openai sk-abcdefghij0123456789T3BlbkFJabcdefghij0123456789",
+    "rk_test_4eC39HqLyjWDarjtT1zdp7dcQ and GR1348941abcdefghijklmnopqrstu",
+    "card 4111111111111111 and 4111-1111-1111-1111 and 6011 1111 1111 1117",
+]
+
+
+@pytest.mark.parametrize("text", EXTRA)
+def test_the_extra_samples_hold_secrets(text: str) -> None:
+    assert Redactor().redact(text)[1]
+
+
+@pytest.mark.parametrize(
+    "text", [t for _, text, _ in SECRETS for t in _variants(text)] + EXTRA + ORDINARY
+)
+def test_skipping_rules_by_their_needles_changes_nothing(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_needles = (Redactor(pii=True).redact(text), Redactor().redact(text))
+    for name in ("_SECRET_RULES", "_PII_RULES"):
+        rules = getattr(redaction, name)
+        monkeypatch.setattr(redaction, name, tuple(replace(r, needs=()) for r in rules))
+    assert (Redactor(pii=True).redact(text), Redactor().redact(text)) == with_needles
