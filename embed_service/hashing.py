@@ -7,6 +7,7 @@ vectors identical across processes (Python's hash() is salted per process).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ _WORD = re.compile(r"\w+")
 _EMPTY_WORD = "\x00empty"
 
 
+# Cached: a conversation's words repeat, and hashing each was most of this embedder's time.
+@functools.lru_cache(maxsize=1 << 18)
 def _feature(word: str, dim: int) -> int:
     """Signed feature id: +/-(bucket + 1), so that bucket 0 keeps its sign."""
     digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
@@ -62,7 +65,7 @@ class HashingEmbedder:
         """Sum the signed one-hot features of each text and L2-normalize."""
         vectors = np.zeros((len(batch), self._dim), dtype=np.float32)
         for row, ids in enumerate(batch):
-            np.add.at(vectors[row], np.abs(ids) - 1, np.sign(ids).astype(np.float32))
+            vectors[row] = np.bincount(np.abs(ids) - 1, weights=np.sign(ids), minlength=self._dim)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         # Words can cancel out in one bucket pair; fall back to the empty-text vector then.
         fallback = _feature(_EMPTY_WORD, self._dim)
