@@ -84,8 +84,7 @@ async def keep_stats(conn: Conn, org_id: str) -> None:
     taken = await stats_chunk_count(conn, org_id)
     if count < EXACT_BELOW:
         if taken is not None:
-            await conn.execute("DELETE FROM lexical_stats WHERE org_id = $1", org_id)
-            await conn.execute("DELETE FROM lexeme_df WHERE org_id = $1", org_id)
+            await conn.execute("DELETE FROM lexical_stats WHERE org_id = $1", org_id)  # cascades
     elif taken is None or abs(count - taken) > STATS_DRIFT * taken:
         await refresh_stats(conn, org_id)
 
@@ -98,6 +97,14 @@ async def refresh_stats(conn: Conn, org_id: str) -> bool:
             org_id,
         ):
             return False
+        # The stats row first: the lexeme counts reference it (0007_lexeme_df_parent.sql).
+        await conn.execute(
+            """INSERT INTO lexical_stats (org_id, chunks, avg_length)
+               SELECT $1, count(*), 0 FROM chunks WHERE org_id = $1
+               ON CONFLICT (org_id) DO UPDATE
+                  SET chunks = excluded.chunks, refreshed_at = now()""",
+            org_id,
+        )
         await conn.execute("DELETE FROM lexeme_df WHERE org_id = $1", org_id)
         # ts_stat takes its rows from a query text: the org id goes in as a quoted literal.
         await conn.execute(
@@ -108,13 +115,10 @@ async def refresh_stats(conn: Conn, org_id: str) -> bool:
         )
         # A chunk's length is its count of distinct lexemes, so the lengths sum to the dfs.
         await conn.execute(
-            """INSERT INTO lexical_stats (org_id, chunks, avg_length)
-               SELECT $1, n, coalesce((SELECT sum(df) FROM lexeme_df WHERE org_id = $1), 0)
-                             / greatest(n, 1)
-                 FROM (SELECT count(*) AS n FROM chunks WHERE org_id = $1) c
-               ON CONFLICT (org_id) DO UPDATE
-                  SET chunks = excluded.chunks, avg_length = excluded.avg_length,
-                      refreshed_at = now()""",
+            """UPDATE lexical_stats
+                  SET avg_length = coalesce((SELECT sum(df) FROM lexeme_df WHERE org_id = $1), 0)
+                                   / greatest(chunks, 1)
+                WHERE org_id = $1""",
             org_id,
         )
     return True

@@ -82,6 +82,12 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     assert await lexical.stats_chunk_count(conn, "org_big") == size
     df = dict(await conn.fetch("SELECT lexeme, df FROM lexeme_df WHERE org_id = 'org_big'"))
     assert df["quokka"] == 2 and df["garden"] == size and df["rottnest"] == 1
+    avg_length = await conn.fetchval(
+        "SELECT avg(length(text_search)) FROM chunks WHERE org_id = 'org_big'"
+    )
+    assert await conn.fetchval(
+        "SELECT avg_length FROM lexical_stats WHERE org_id = 'org_big'"
+    ) == pytest.approx(float(avg_length))
 
     found = await lexical.search(conn, "org_big", "garden quokka from Rottnest", 5, None)
     assert found[:2] == ["conv_big_w1234", "conv_big_w4321"]
@@ -99,6 +105,14 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     await lexical.keep_stats(conn, "org_big")
     assert await lexical.stats_chunk_count(conn, "org_big") is None
     assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_big'") == 0
+
+
+async def test_an_orgs_term_statistics_go_with_it(conn: asyncpg.Connection) -> None:
+    await _seed(conn, "org_gone", {"conv": [f"{FILLER}; {i}" for i in range(100)]})
+    assert await lexical.refresh_stats(conn, "org_gone")
+    assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_gone'") > 0
+    await conn.execute("DELETE FROM orgs WHERE org_id = 'org_gone'")
+    assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_gone'") == 0
 
 
 async def test_org_wide_search_of_common_words_matches_chunks_holding_both_first(
