@@ -304,18 +304,24 @@ async def upsert_chunks(
     """Insert or rebuild windows (a rebuilt window drops its stale embedding and gets the next
     version), queue them for indexing and add the write's `charge` to the org, in one
     statement; None if the charge would pass a limit (the caller's transaction must then roll
-    back). `leased_seconds` > 0 keeps the job from the background indexer that long: the
-    caller indexes the chunks itself. The org row stays locked until commit: run it last."""
+    back). A window's full text is its stored messages' concatenated: its `text` must be
+    their lines (0008_message_text_search.sql). `leased_seconds` > 0 keeps the job from the
+    background indexer that long: the caller indexes the chunks itself. The org row stays
+    locked until commit: run it last."""
     (row,) = await conn.fetch(  # one job, one row
         f"""WITH written AS (
                INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
-                                   end_sequence, text)
-               SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text
+                                   end_sequence, text, text_search)
+               SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
+                      (SELECT tsvector_agg(m.text_search ORDER BY m.sequence) FROM messages m
+                        WHERE m.org_id = $1 AND m.conversation_id = $2
+                          AND m.sequence BETWEEN c.start_sequence AND c.end_sequence)
                  FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
                       AS c(start_sequence, chunk_id, end_sequence, text)
                ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
                   SET end_sequence = excluded.end_sequence, text = excluded.text,
-                      version = chunks.version + 1, embedding = NULL, updated_at = now()
+                      text_search = excluded.text_search, version = chunks.version + 1,
+                      embedding = NULL, updated_at = now()
                RETURNING chunk_id, version),
            job AS (
                INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)

@@ -242,6 +242,46 @@ async def test_patch_replaces_content_and_rebuilds_windows(service: Service, key
         await conn.close()
 
 
+async def test_a_windows_full_text_is_its_messages(service: Service, key: str) -> None:
+    """Windows take their full text from their messages' (parsed once each): the same lexemes,
+    as often, as parsing the window's text, through batch and one-message appends and edits."""
+    said = [
+        f"The {w} quickly jumped over {i} lazy dogs, then ran home!"
+        for i, w in enumerate(["fox", "cat", "plumber", "invoice", "garden", "quokka", "weather"])
+    ]
+    async with service.rest(key) as http:
+        cid = await _create(http)
+        batch = [{"role": "user", "content": c} for c in said[:5]]
+        r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": batch})
+        ids = r.json()["message_ids"]
+        for content in said[5:]:
+            message = {"role": "assistant", "content": content}
+            r = await http.post(
+                "/api/v1/messages", json={"conversation_id": cid, "messages": [message]}
+            )
+            assert r.status_code == 200, r.text
+        r = await http.patch(
+            f"/api/v1/conversations/{cid}/messages/{ids[3]}", json={"content": "tea at noon"}
+        )
+        assert r.status_code == 200, r.text
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        counts = """SELECT array_agg(lexeme || ':' || array_length(positions, 1) ORDER BY lexeme)
+                      FROM unnest({})"""
+        rows = await conn.fetch(
+            f"""SELECT ({counts.format("text_search")}) AS stored,
+                       ({counts.format("to_tsvector('english', text)")}) AS parsed
+                  FROM chunks WHERE conversation_id = $1""",
+            cid,
+        )
+        assert len(rows) == 3
+        for row in rows:
+            assert row["stored"] is not None and row["stored"] == row["parsed"]
+        assert "noon:1" in rows[1]["stored"] or "noon:1" in rows[0]["stored"]
+    finally:
+        await conn.close()
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
