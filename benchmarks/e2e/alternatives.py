@@ -1,18 +1,22 @@
 """What a user would run instead of this service: pgvector HNSW in PostgreSQL, or embedded Chroma.
 
 Both get the same chunks, vectors and queries as the service, are loaded the way a live system
-grows (index first, then rows in batches of 1,000, so every row is indexed on arrival), and are
-searched one query at a time, returning what a search result needs (id, conversation, text).
+grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
+from as many connections as the service has clients, Chroma's embedded client from one), and
+are searched one query at a time, returning what a search result needs (id, conversation,
+text).
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,19 +90,35 @@ class _LoadProgress:
             self.next_report = count * 10 // self.total + 1
 
 
+async def _vector_connection(pg_url: str, dim: int) -> Any:
+    """An asyncpg connection that sends numpy vectors in pgvector's binary format."""
+    import asyncpg  # imported here: the Chroma half must not need it
+
+    conn = await asyncpg.connect(pg_url)
+    # pgvector's binary wire format: dim, unused, then big-endian float32s.
+    header = struct.pack(">HH", dim, 0)
+    await conn.set_type_codec(
+        "vector",
+        encoder=lambda v: header + np.asarray(v, dtype=">f4").tobytes(),
+        decoder=lambda b: b,
+        format="binary",
+    )
+    return conn
+
+
 async def bench_pgvector(
     pg_url: str,
     corpus: Corpus,
     queries: np.ndarray,
     recall: Callable[[list[list[str]]], float],
     progress: Callable[[str], None],
+    writers: int,
 ) -> list[AlternativeResult]:
     """pgvector HNSW (inner product on unit vectors, pgvector's default build settings), one
-    result per ef_search in EF_SEARCH."""
-    import asyncpg  # imported here: the Chroma half must not need it
-
+    result per ef_search in EF_SEARCH. `writers` connections load it at once, as the service's
+    clients write to it."""
     n, dim = corpus.vectors.shape
-    conn = await asyncpg.connect(pg_url)
+    conn = await _vector_connection(pg_url, dim)
     try:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         await conn.execute("DROP TABLE IF EXISTS alt_chunks")
@@ -111,27 +131,32 @@ async def bench_pgvector(
             "CREATE INDEX ON alt_chunks USING hnsw (embedding vector_ip_ops)"
             f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
         )
-        # pgvector's binary wire format: dim, unused, then big-endian float32s.
-        header = struct.pack(">HH", dim, 0)
-        await conn.set_type_codec(
-            "vector",
-            encoder=lambda v: header + np.asarray(v, dtype=">f4").tobytes(),
-            decoder=lambda b: b,
-            format="binary",
-        )
 
         report = _LoadProgress("pgvector-hnsw", n, progress)
+        loaded = 0
+
+        async def write(first_batch: int) -> None:
+            nonlocal loaded
+            writer = await _vector_connection(pg_url, dim)
+            try:
+                for start in range(first_batch * BATCH, n, writers * BATCH):
+                    end = min(start + BATCH, n)
+                    ids, convs, texts = corpus.ids, corpus.conversation_ids, corpus.texts
+                    rows = [
+                        (ids[i], convs[i], texts[i], corpus.vectors[i]) for i in range(start, end)
+                    ]
+                    await writer.copy_records_to_table(
+                        "alt_chunks",
+                        records=rows,
+                        columns=["id", "conversation_id", "text", "embedding"],
+                    )
+                    loaded += end - start
+                    report.done(loaded)
+            finally:
+                await writer.close()
+
         t0 = time.perf_counter()
-        for start in range(0, n, BATCH):
-            end = min(start + BATCH, n)
-            rows = [
-                (corpus.ids[i], corpus.conversation_ids[i], corpus.texts[i], corpus.vectors[i])
-                for i in range(start, end)
-            ]
-            await conn.copy_records_to_table(
-                "alt_chunks", records=rows, columns=["id", "conversation_id", "text", "embedding"]
-            )
-            report.done(end)
+        await asyncio.gather(*(write(w) for w in range(writers)))
         ingest_s = time.perf_counter() - t0
         # As autovacuum soon would: a table the planner has no statistics for may be read
         # whole instead of through the graph.
@@ -159,7 +184,8 @@ async def bench_pgvector(
                 found.append([r["id"] for r in hits])
             notes = (
                 f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
-                f"ef_search={ef_search}; index built before load; COPY batches of {BATCH}"
+                f"ef_search={ef_search}; index built before load; {writers} writers, "
+                f"COPY batches of {BATCH}"
             )
             system = f"pgvector-hnsw-ef{ef_search}"
             results.append(_result(system, n, ingest_s, samples, recall(found), notes))

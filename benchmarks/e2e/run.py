@@ -344,7 +344,7 @@ async def alternatives(
 ) -> list[AlternativeResult]:
     out: list[AlternativeResult] = []
     if "pgvector" in args.alternatives:
-        out += await bench_pgvector(pg_url, corpus, queries, recall, progress)
+        out += await bench_pgvector(pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS)
     if "chroma" in args.alternatives:
         folder = args.data_dir / "chroma"
         out.append(await asyncio.to_thread(bench_chroma, folder, corpus, queries, recall, progress))
