@@ -95,6 +95,7 @@ async def _vector_connection(pg_url: str, dim: int) -> Any:
     import asyncpg  # imported here: the Chroma half must not need it
 
     conn = await asyncpg.connect(pg_url)
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     # pgvector's binary wire format: dim, unused, then big-endian float32s.
     header = struct.pack(">HH", dim, 0)
     await conn.set_type_codec(
@@ -120,7 +121,6 @@ async def bench_pgvector(
     n, dim = corpus.vectors.shape
     conn = await _vector_connection(pg_url, dim)
     try:
-        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         await conn.execute("DROP TABLE IF EXISTS alt_chunks")
         await conn.execute(
             "CREATE TABLE alt_chunks (id text PRIMARY KEY, conversation_id text NOT NULL,"
