@@ -81,3 +81,30 @@ async def test_chunks_have_one_unique_index_the_one_upserts_name(database_url: s
     assert "ON CONFLICT (org_id, conversation_id, start_sequence)" in inspect.getsource(
         repo.upsert_chunks
     )
+
+
+async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_url: str) -> None:
+    """upsert_chunks gives each window its messages' full text; any other writer (a replica
+    from before 0008, a bulk load) gets its text parsed on insert and on a change of text."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        org = await admin.create_org(conn, "org_fts", "fts", None)
+        await conn.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, 'conv_fts')",
+            org.org_id,
+        )
+        await conn.execute(
+            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, end_sequence,"
+            " text) VALUES ($1, 'conv_fts', 1, 'chk_fts', 1, '[user]: quokkas smiling')",
+            org.org_id,
+        )
+        words = "SELECT tsvector_to_array(text_search) FROM chunks WHERE chunk_id = 'chk_fts'"
+        assert await conn.fetchval(words) == ["quokka", "smile", "user"]
+        await conn.execute(
+            "UPDATE chunks SET text = '[user]: wombats digging' WHERE chunk_id = 'chk_fts'"
+        )
+        assert await conn.fetchval(words) == ["dig", "user", "wombat"]
+        await conn.execute("UPDATE chunks SET embedding = '\\x00' WHERE chunk_id = 'chk_fts'")
+        assert await conn.fetchval(words) == ["dig", "user", "wombat"]
+    finally:
+        await conn.close()

@@ -2,9 +2,12 @@
 -- concatenation of its messages' (upsert_chunks). With to_tsvector over each window's text,
 -- every message was parsed about twice (windows overlap) and a one-message append re-parsed
 -- its whole window: the parse was PostgreSQL's largest cost while an org grew.
--- The concatenation holds the same lexemes with the same counts as to_tsvector of the window's
--- text; only positions differ (by stop words at a line's end), and no query reads them.
--- Adding the column parses every stored message once.
+-- For plain text the concatenation holds the same lexemes with the same counts as to_tsvector
+-- of the window's text; only positions differ (by stop words at a line's end), and no query
+-- reads them. (The parser can read a `<...>` spanning two lines as a tag and drop its words;
+-- parsed apart, the lines keep them.)
+-- Adding the column rewrites `messages` and parses every stored message once, holding the
+-- table's lock: on a large database run `memctl migrate` in a maintenance window.
 ALTER TABLE messages ADD COLUMN text_search tsvector
     GENERATED ALWAYS AS (to_tsvector('english', '[' || role || ']: ' || content)) STORED;
 
@@ -19,12 +22,19 @@ ALTER TABLE chunks ALTER COLUMN text_search DROP EXPRESSION;
 ALTER TABLE messages ALTER COLUMN text_search SET STORAGE EXTERNAL;
 ALTER TABLE chunks ALTER COLUMN text_search SET STORAGE EXTERNAL;
 
--- A writer that gives no full text (a rebuild from elsewhere, a bulk load) gets the window's
--- text parsed, so no chunk is ever missing from lexical search.
+-- A writer that gives no full text (a replica still running the code from before this
+-- migration, a bulk load) gets the window's text parsed, so no chunk is missing from lexical
+-- search: on insert when it gives none, on update when it changes the text but not the full
+-- text.
 CREATE FUNCTION chunk_text_search() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.text_search IS NULL THEN
         NEW.text_search := to_tsvector('english', NEW.text);
+    ELSIF TG_OP = 'UPDATE' THEN
+        IF NEW.text IS DISTINCT FROM OLD.text
+           AND NEW.text_search IS NOT DISTINCT FROM OLD.text_search THEN
+            NEW.text_search := to_tsvector('english', NEW.text);
+        END IF;
     END IF;
     RETURN NEW;
 END $$;
