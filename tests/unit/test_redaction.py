@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -155,6 +156,9 @@ PLUGIN_PATTERNS = {
 }
 
 
+CASE_BLIND = {"aws_key": [False, True], "slack_token": [True, True]}
+
+
 def test_the_plugins_patterns_are_those_the_needles_were_written_for() -> None:
     plugins: dict[str, type[RegexBasedDetector]] = {
         "aws_key": AWSKeyDetector,
@@ -166,7 +170,11 @@ def test_the_plugins_patterns_are_those_the_needles_were_written_for() -> None:
         "url_password": BasicAuthDetector,
     }
     for kind, plugin in plugins.items():
-        assert [p.pattern for p in plugin().denylist] == PLUGIN_PATTERNS[kind], kind
+        denylist = plugin().denylist
+        assert [p.pattern for p in denylist] == PLUGIN_PATTERNS[kind], kind
+        # A pattern that starts ignoring case may match letters its needles do not cover.
+        ignore_case = [bool(p.flags & re.IGNORECASE) for p in denylist]
+        assert ignore_case == CASE_BLIND.get(kind, [False] * len(denylist)), kind
 
 
 def _variants(text: str) -> list[str]:
