@@ -21,14 +21,21 @@ _WORD = re.compile(r"\w+")
 _EMPTY_WORD = "\x00empty"
 
 
-# Cached: a conversation's words repeat, and hashing each was most of this embedder's time.
-@functools.lru_cache(maxsize=1 << 18)
-def _feature(word: str, dim: int) -> int:
+def _hashed_feature(word: str, dim: int) -> int:
     """Signed feature id: +/-(bucket + 1), so that bucket 0 keeps its sign."""
     digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
     value = int.from_bytes(digest, "little")
     bucket = (value >> 1) % dim
     return bucket + 1 if value & 1 else -(bucket + 1)
+
+
+_cached_feature = functools.lru_cache(maxsize=1 << 18)(_hashed_feature)
+
+
+def _feature(word: str, dim: int) -> int:
+    # Words repeat, and hashing each was most of this embedder's time; long tokens (encoded
+    # blobs) rarely repeat and would fill the cache's memory.
+    return _cached_feature(word, dim) if len(word) <= 64 else _hashed_feature(word, dim)
 
 
 class HashingEmbedder:
