@@ -135,28 +135,29 @@ async def bench_pgvector(
         report = _LoadProgress("pgvector-hnsw", n, progress)
         loaded = 0
 
-        async def write(first_batch: int) -> None:
+        async def write(writer: Any, first_batch: int) -> None:
             nonlocal loaded
-            writer = await _vector_connection(pg_url, dim)
-            try:
-                for start in range(first_batch * BATCH, n, writers * BATCH):
-                    end = min(start + BATCH, n)
-                    ids, convs, texts = corpus.ids, corpus.conversation_ids, corpus.texts
-                    rows = [
-                        (ids[i], convs[i], texts[i], corpus.vectors[i]) for i in range(start, end)
-                    ]
-                    await writer.copy_records_to_table(
-                        "alt_chunks",
-                        records=rows,
-                        columns=["id", "conversation_id", "text", "embedding"],
-                    )
-                    loaded += end - start
-                    report.done(loaded)
-            finally:
-                await writer.close()
+            ids, convs, texts = corpus.ids, corpus.conversation_ids, corpus.texts
+            for start in range(first_batch * BATCH, n, writers * BATCH):
+                end = min(start + BATCH, n)
+                rows = [(ids[i], convs[i], texts[i], corpus.vectors[i]) for i in range(start, end)]
+                await writer.copy_records_to_table(
+                    "alt_chunks",
+                    records=rows,
+                    columns=["id", "conversation_id", "text", "embedding"],
+                )
+                loaded += end - start
+                report.done(loaded)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(write(w) for w in range(writers)))
+        connections = [await _vector_connection(pg_url, dim) for _ in range(writers)]
+        try:
+            t0 = time.perf_counter()
+            async with asyncio.TaskGroup() as load:  # one writer failing stops the others
+                for w, writer in enumerate(connections):
+                    load.create_task(write(writer, w))
+        finally:
+            for writer in connections:
+                await writer.close()
         ingest_s = time.perf_counter() - t0
         # As autovacuum soon would: a table the planner has no statistics for may be read
         # whole instead of through the graph.
