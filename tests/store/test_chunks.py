@@ -19,6 +19,16 @@ def _window(conversation_id: str, text: str) -> ChunkRow:
     return ChunkRow(chunk_id(conversation_id, 1), conversation_id, 1, 3, text)
 
 
+async def _org_with_conversation(conn: asyncpg.Connection, name: str, conversation_id: str) -> str:
+    org = await admin.create_org(conn, f"org_{name}", name, None)
+    await conn.execute(
+        "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, $2)",
+        org.org_id,
+        conversation_id,
+    )
+    return org.org_id
+
+
 async def test_a_window_rebuilt_while_its_vector_is_stored_is_rewritten(database_url: str) -> None:
     """An append answers before its chunks' vectors are stored, so the next append to the
     conversation can rebuild a window while the indexer's UPDATE of that row is in flight.
@@ -26,13 +36,9 @@ async def test_a_window_rebuilt_while_its_vector_is_stored_is_rewritten(database
     writer = await asyncpg.connect(database_url)
     indexer = await asyncpg.connect(database_url)
     try:
-        org = await admin.create_org(writer, "org_race", "race", None)
-        await writer.execute(
-            "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, 'conv_race')",
-            org.org_id,
-        )
+        org_id = await _org_with_conversation(writer, "race", "conv_race")
         first = await repo.upsert_chunks(
-            writer, org.org_id, "conv_race", [_window("conv_race", "one")], FREE
+            writer, org_id, "conv_race", [_window("conv_race", "one")], FREE
         )
         assert first is not None and first.chunks[0][1] == 1
 
@@ -40,14 +46,12 @@ async def test_a_window_rebuilt_while_its_vector_is_stored_is_rewritten(database
         await storing.start()
         await indexer.execute(  # as Indexer._finish stores a vector, left uncommitted
             "UPDATE chunks SET embedding = $3 WHERE org_id = $1 AND chunk_id = $2",
-            org.org_id,
+            org_id,
             first.chunks[0][0],
             b"\x00" * 3072,
         )
         rebuild = asyncio.create_task(
-            repo.upsert_chunks(
-                writer, org.org_id, "conv_race", [_window("conv_race", "one two")], FREE
-            )
+            repo.upsert_chunks(writer, org_id, "conv_race", [_window("conv_race", "one two")], FREE)
         )
         await asyncio.sleep(0.3)  # the rebuild now waits on the indexer's row lock
         assert not rebuild.done()
@@ -55,7 +59,7 @@ async def test_a_window_rebuilt_while_its_vector_is_stored_is_rewritten(database
         rebuilt = await asyncio.wait_for(rebuild, 10)
         assert rebuilt is not None and rebuilt.chunks[0][1] == 2
         row = await writer.fetchrow(
-            "SELECT text, version, embedding FROM chunks WHERE org_id = $1", org.org_id
+            "SELECT text, version, embedding FROM chunks WHERE org_id = $1", org_id
         )
         assert (row["text"], row["version"], row["embedding"]) == ("one two", 2, None)
     finally:
@@ -88,15 +92,11 @@ async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_ur
     from before 0008, a bulk load) gets its text parsed on insert and on a change of text."""
     conn = await asyncpg.connect(database_url)
     try:
-        org = await admin.create_org(conn, "org_fts", "fts", None)
-        await conn.execute(
-            "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, 'conv_fts')",
-            org.org_id,
-        )
+        org_id = await _org_with_conversation(conn, "fts", "conv_fts")
         await conn.execute(
             "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, end_sequence,"
             " text) VALUES ($1, 'conv_fts', 1, 'chk_fts', 1, '[user]: quokkas smiling')",
-            org.org_id,
+            org_id,
         )
         words = "SELECT tsvector_to_array(text_search) FROM chunks WHERE chunk_id = 'chk_fts'"
         assert await conn.fetchval(words) == ["quokka", "smile", "user"]
