@@ -271,13 +271,14 @@ async def test_a_windows_full_text_is_its_messages(service: Service, key: str) -
         rows = await conn.fetch(
             f"""SELECT ({counts.format("text_search")}) AS stored,
                        ({counts.format("to_tsvector('english', text)")}) AS parsed
-                  FROM chunks WHERE conversation_id = $1""",
+                  FROM chunks WHERE conversation_id = $1 ORDER BY start_sequence""",
             cid,
         )
         assert len(rows) == 3
         for row in rows:
             assert row["stored"] is not None and row["stored"] == row["parsed"]
-        assert "noon:1" in rows[1]["stored"] or "noon:1" in rows[0]["stored"]
+        # The edited message is the 4th: in the windows starting at 1 and 4, not 7.
+        assert ["noon:1" in row["stored"] for row in rows] == [True, True, False]
     finally:
         await conn.close()
 
