@@ -329,7 +329,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
             rows.append(row)
             if size > args.alternatives_max:
                 continue
-            for result in await alternatives(args, pg_url, corpus, queries, recall):
+            for result in await alternatives(args, size, pg_url, corpus, queries, recall):
                 progress(f"  {result}")
                 rows.append({**vars(result), "service_chunks": size})
     return rows
@@ -337,6 +337,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
 
 async def alternatives(
     args: argparse.Namespace,
+    size: int,
     pg_url: str,
     corpus: Corpus,
     queries: np.ndarray,
@@ -345,7 +346,7 @@ async def alternatives(
     out: list[AlternativeResult] = []
     if "pgvector" in args.alternatives:
         out += await bench_pgvector(pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS)
-    if "chroma" in args.alternatives:
+    if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
         out.append(await asyncio.to_thread(bench_chroma, folder, corpus, queries, recall, progress))
         shutil.rmtree(folder, ignore_errors=True)
@@ -423,6 +424,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--alternatives-max", type=int, default=1_000_000, help="largest size to compare at"
+    )
+    parser.add_argument(
+        "--chroma-max",
+        type=int,
+        default=1_000_000,
+        help="largest size to load Chroma at (its one writer takes about 45 min for 1M)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
