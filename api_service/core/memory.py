@@ -290,11 +290,18 @@ class MemoryService:
             # Over-fetch: a hit whose chunk was deleted a moment ago is dropped below.
             depth = 2 * limit
             if hybrid:  # the two rankings run side by side
-                vector_hits, lexical_ids = await asyncio.gather(
+                # Both finish before `conn` goes back to the pool, even when one fails: a
+                # query left running on it would fail the next request to borrow it.
+                vector_half, lexical_half = await asyncio.gather(
                     self._semantic.nearest(who.org_id, query, depth, allowed),
                     lexical.search(conn, who.org_id, query, depth, allowed),
+                    return_exceptions=True,
                 )
-                ranked = _fuse(vector_hits, lexical_ids)
+                if isinstance(vector_half, BaseException):
+                    raise vector_half
+                if isinstance(lexical_half, BaseException):
+                    raise lexical_half
+                ranked = _fuse(vector_half, lexical_half)
             else:
                 vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
                 ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from api_service.auth import Principal
 from api_service.core.memory import MemoryService
 from api_service.settings import Limits
@@ -42,5 +44,31 @@ async def test_keyword_only_match_surfaces_in_hybrid_not_in_vector(database_url:
         assert "ZX-99812" in hybrid["results"][0]["chunk_text"]
         other = Principal("org_b", "key_b", frozenset({"read"}))
         assert (await memory.search(other, "ZX-99812", hybrid=True))["results"] == []
+    finally:
+        await pool.close()
+
+
+class VectorHalfDown:
+    async def nearest(
+        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        raise ConnectionError("index shard down")
+
+
+async def test_failed_vector_half_returns_the_connection_idle(database_url: str) -> None:
+    """The full-text half finishes before its connection goes back to the pool: a query left
+    running on it failed the next request that borrowed it (seen as a 503 on a listing)."""
+    pool = await create_pool(database_url, 1, 1)
+    try:
+        async with pool.acquire() as conn:
+            await admin.create_org(conn, "org_a", "a", None)
+        who = Principal("org_a", "key_a", frozenset({"read", "write"}))
+        memory = MemoryService(pool, Limits(), VectorHalfDown())
+        cid = (await memory.create_conversation(who))["conversation_id"]
+        await memory.append_messages(who, cid, [NewMessage("user", "sailing boats at dawn")])
+        for _ in range(20):
+            with pytest.raises(ConnectionError, match="index shard down"):
+                await memory.search(who, "boats", hybrid=True)
+            assert await pool.fetchval("SELECT count(*) FROM conversations") == 1
     finally:
         await pool.close()
