@@ -1,18 +1,24 @@
 """Hybrid search fuses vector and full-text rankings: a keyword-only match surfaces even when the
-vector index does not return it (real PostgreSQL, a fake at the semantic-index port)."""
+vector index does not return it, and a failing vector half leaves nothing running on the
+connection (real PostgreSQL, fakes at the semantic-index port)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 
+import asyncpg
 import pytest
 
 from api_service.auth import Principal
 from api_service.core.memory import MemoryService
+from api_service.core.ports import SemanticIndex
 from api_service.settings import Limits
 from api_service.store import admin
 from api_service.store.db import create_pool
 from api_service.store.records import NewMessage
+
+WHO = Principal("org_a", "key_a", frozenset({"read", "write"}))
 
 
 class NoVectorHits:
@@ -22,32 +28,6 @@ class NoVectorHits:
         return []
 
 
-async def test_keyword_only_match_surfaces_in_hybrid_not_in_vector(database_url: str) -> None:
-    pool = await create_pool(database_url, 1, 4)
-    try:
-        async with pool.acquire() as conn:
-            await admin.create_org(conn, "org_a", "a", None)
-        who = Principal("org_a", "key_a", frozenset({"read", "write"}))
-        memory = MemoryService(pool, Limits(), NoVectorHits())
-        cid = (await memory.create_conversation(who))["conversation_id"]
-        await memory.append_messages(
-            who,
-            cid,
-            [
-                NewMessage("user", "The order number is ZX-99812, shipped Tuesday"),
-                NewMessage("assistant", "Thanks, tracking it now"),
-            ],
-        )
-        assert (await memory.search(who, "ZX-99812"))["results"] == []
-        hybrid = await memory.search(who, "status of ZX-99812", hybrid=True)
-        assert hybrid["total"] == 1
-        assert "ZX-99812" in hybrid["results"][0]["chunk_text"]
-        other = Principal("org_b", "key_b", frozenset({"read"}))
-        assert (await memory.search(other, "ZX-99812", hybrid=True))["results"] == []
-    finally:
-        await pool.close()
-
-
 class VectorHalfDown:
     async def nearest(
         self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
@@ -55,20 +35,46 @@ class VectorHalfDown:
         raise ConnectionError("index shard down")
 
 
+@contextlib.asynccontextmanager
+async def memory_of_org_a(
+    database_url: str, semantic: SemanticIndex, connections: int
+) -> AsyncIterator[tuple[MemoryService, asyncpg.Pool]]:
+    """The service over a pool of `connections`, with org_a (WHO's org) created."""
+    pool = await create_pool(database_url, 1, connections)
+    try:
+        async with pool.acquire() as conn:
+            await admin.create_org(conn, WHO.org_id, "a", None)
+        yield MemoryService(pool, Limits(), semantic), pool
+    finally:
+        await pool.close()
+
+
+async def test_keyword_only_match_surfaces_in_hybrid_not_in_vector(database_url: str) -> None:
+    async with memory_of_org_a(database_url, NoVectorHits(), 4) as (memory, _):
+        cid = (await memory.create_conversation(WHO))["conversation_id"]
+        await memory.append_messages(
+            WHO,
+            cid,
+            [
+                NewMessage("user", "The order number is ZX-99812, shipped Tuesday"),
+                NewMessage("assistant", "Thanks, tracking it now"),
+            ],
+        )
+        assert (await memory.search(WHO, "ZX-99812"))["results"] == []
+        hybrid = await memory.search(WHO, "status of ZX-99812", hybrid=True)
+        assert hybrid["total"] == 1
+        assert "ZX-99812" in hybrid["results"][0]["chunk_text"]
+        other = Principal("org_b", "key_b", frozenset({"read"}))
+        assert (await memory.search(other, "ZX-99812", hybrid=True))["results"] == []
+
+
 async def test_failed_vector_half_returns_the_connection_idle(database_url: str) -> None:
     """The full-text half finishes before its connection goes back to the pool: a query left
     running on it failed the next request that borrowed it (seen as a 503 on a listing)."""
-    pool = await create_pool(database_url, 1, 1)
-    try:
-        async with pool.acquire() as conn:
-            await admin.create_org(conn, "org_a", "a", None)
-        who = Principal("org_a", "key_a", frozenset({"read", "write"}))
-        memory = MemoryService(pool, Limits(), VectorHalfDown())
-        cid = (await memory.create_conversation(who))["conversation_id"]
-        await memory.append_messages(who, cid, [NewMessage("user", "sailing boats at dawn")])
+    async with memory_of_org_a(database_url, VectorHalfDown(), 1) as (memory, pool):
+        cid = (await memory.create_conversation(WHO))["conversation_id"]
+        await memory.append_messages(WHO, cid, [NewMessage("user", "sailing boats at dawn")])
         for _ in range(20):
             with pytest.raises(ConnectionError, match="index shard down"):
-                await memory.search(who, "boats", hybrid=True)
+                await memory.search(WHO, "boats", hybrid=True)
             assert await pool.fetchval("SELECT count(*) FROM conversations") == 1
-    finally:
-        await pool.close()
