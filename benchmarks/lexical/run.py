@@ -255,7 +255,7 @@ def main() -> None:
         "--no-exact",
         dest="exact",
         action="store_false",
-        help="skip the exact reference and overlap@10 (it reads every match: minutes at 1M)",
+        help="skip the exact reference and overlap@10 (it reads every match: most of a 1M org)",
     )
     parser.add_argument("--label", help="results file name: lexical-LABEL.json and .png")
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
