@@ -429,7 +429,7 @@ def main() -> None:
         "--chroma-max",
         type=int,
         default=1_000_000,
-        help="largest size to load Chroma at (its one writer takes about 45 min for 1M)",
+        help="largest size to load Chroma at (one writer: 35-45 min per 1M chunks on 2 cores)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
