@@ -288,8 +288,10 @@ class Indexer:
 
     async def _index_chunks(self, job: Job) -> list[_Embedded]:
         rows = await self._pool.fetch(
-            "SELECT chunk_id, conversation_id, version, text, embedding FROM chunks "
-            "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
+            """SELECT c.chunk_id, c.conversation_id, c.version, c.text, v.embedding
+                 FROM chunks c
+                 LEFT JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version)
+                WHERE c.org_id = $1 AND c.chunk_id = ANY($2::text[])""",
             job.org_id,
             job.chunk_ids,
         )
@@ -321,19 +323,28 @@ class Indexer:
 
     async def _finish(self, jobs: Sequence[Job], embedded: Sequence[_Embedded]) -> None:
         """In one statement: store the new vectors, for the rebuild of a shard, and remove the
-        done jobs from the outbox. Only the version that was embedded is stored: a chunk
-        rebuilt meanwhile keeps NULL for its own, later job. A delete that committed while an
+        done jobs from the outbox. Each vector is stored with the version it was embedded
+        from, and only while that is the chunk's version: a chunk rebuilt meanwhile gets its
+        vector from its own, later job. (Two jobs of a batch may both have embedded a chunk:
+        one vector is stored.) A delete that committed while an
         upsert job ran, or between its attempts, may have cleared the shard before an upsert
         reached it: the removal is queued again."""
         ids = [job.job_id for job in jobs]
         checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
             """WITH stored AS (
-                        UPDATE chunks c SET embedding = v.embedding
+                        INSERT INTO chunk_vectors
+                               (org_id, conversation_id, start_sequence, version, embedding)
+                        SELECT DISTINCT ON (c.org_id, c.conversation_id, c.start_sequence)
+                               c.org_id, c.conversation_id, c.start_sequence, c.version,
+                               v.embedding
                           FROM unnest($4::text[], $5::text[], $6::int[], $7::bytea[])
                                AS v(org_id, chunk_id, version, embedding)
-                         WHERE c.org_id = v.org_id AND c.chunk_id = v.chunk_id
-                           AND c.version = v.version),
+                          JOIN chunks c ON c.org_id = v.org_id AND c.chunk_id = v.chunk_id
+                                       AND c.version = v.version
+                        ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+                           SET version = excluded.version, embedding = excluded.embedding
+                         WHERE chunk_vectors.version < excluded.version),
                     done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
                     gone AS (
                         SELECT DISTINCT j.org_id, j.conversation_id

@@ -12,12 +12,13 @@ from index_service.vectors import Matrix, normalize
 
 log = logging.getLogger(__name__)
 
-# Ordered by chunk id (the chunks_id unique index serves it without a sort), so every rebuild
-# of the same rows builds the same index and answers the same.
+# Ordered by chunk id, so every rebuild of the same rows builds the same index and answers the
+# same. A vector counts only for the version of its window it was embedded from.
 _ORG_CHUNKS = """
-SELECT chunk_id, conversation_id, version, embedding FROM chunks
-WHERE org_id = $1 AND embedding IS NOT NULL
-ORDER BY chunk_id
+SELECT c.chunk_id, c.conversation_id, c.version, v.embedding
+  FROM chunks c JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version)
+ WHERE c.org_id = $1
+ ORDER BY c.chunk_id
 """
 _ORGS = "SELECT org_id FROM orgs ORDER BY org_id"
 

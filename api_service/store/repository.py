@@ -301,13 +301,13 @@ async def upsert_chunks(
     charge: Charge,
     leased_seconds: float = 0.0,
 ) -> QueuedChunks | None:
-    """Insert or rebuild windows (a rebuilt window drops its stale embedding and gets the next
-    version), queue them for indexing and add the write's `charge` to the org, in one
-    statement; None if the charge would pass a limit (the caller's transaction must then roll
-    back). A window's full text is its stored messages' concatenated: its `text` must be
-    their lines (0008_message_text_search.sql). `leased_seconds` > 0 keeps the job from the
-    background indexer that long: the caller indexes the chunks itself. The org row stays
-    locked until commit: run it last."""
+    """Insert or rebuild windows (a rebuilt window gets the next version, which its stored
+    vector no longer matches), queue them for indexing and add the write's `charge` to the
+    org, in one statement; None if the charge would pass a limit (the caller's transaction
+    must then roll back). A window's full text is its stored messages' concatenated: its
+    `text` must be their lines (0008_message_text_search.sql). `leased_seconds` > 0 keeps the
+    job from the background indexer that long: the caller indexes the chunks itself. The org
+    row stays locked until commit: run it last."""
     (row,) = await conn.fetch(  # one job, one row
         f"""WITH written AS (
                INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
@@ -321,7 +321,8 @@ async def upsert_chunks(
                ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
                   SET end_sequence = excluded.end_sequence, text = excluded.text,
                       text_search = excluded.text_search, version = chunks.version + 1,
-                      embedding = NULL, updated_at = now()
+                      embedding = NULL, -- for the previous release's pods (0010)
+                      updated_at = now()
                RETURNING chunk_id, version),
            job AS (
                INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)

@@ -261,10 +261,11 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     holds this one org); the texts only when an alternative is to load them."""
     conn = await asyncpg.connect(pg_url)
     try:
-        text = "text" if with_texts else "''"
+        text = "c.text" if with_texts else "''"
         rows = await conn.fetch(
-            f"SELECT chunk_id, conversation_id, {text} AS text, embedding FROM chunks "  # noqa: S608 (a fixed column)
-            "WHERE embedding IS NOT NULL ORDER BY chunk_id"
+            f"SELECT c.chunk_id, c.conversation_id, {text} AS text, v.embedding FROM chunks c "  # noqa: S608 (a fixed column)
+            "JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version) "
+            "ORDER BY c.chunk_id"
         )
     finally:
         await conn.close()

@@ -39,7 +39,7 @@ def main() -> None:
         "--from-database",
         metavar="URL",
         help="instead: the real model's vectors that a service stored in this PostgreSQL "
-        "(chunks.embedding); a random 10%% of them, left out of the index, are the queries",
+        "(chunk_vectors); a random 10%% of them, left out of the index, are the queries",
     )
     args = parser.parse_args()
     if args.from_database:
@@ -117,7 +117,8 @@ def measure_stored(args: argparse.Namespace) -> None:
         conn = await asyncpg.connect(args.from_database)
         try:
             rows = await conn.fetch(
-                "SELECT embedding FROM chunks WHERE embedding IS NOT NULL ORDER BY chunk_id"
+                "SELECT v.embedding FROM chunks c JOIN chunk_vectors v "
+                "USING (org_id, conversation_id, start_sequence, version) ORDER BY c.chunk_id"
             )
             return [bytes(r[0]) for r in rows]
         finally:
@@ -133,7 +134,7 @@ def measure_stored(args: argparse.Namespace) -> None:
         queries,
         max(100, len(indexed) // 10),
         args,  # a threshold that forces IVF
-        "all-mpnet-base-v2 vectors stored by the service (chunks.embedding); "
+        "all-mpnet-base-v2 vectors stored by the service (chunk_vectors); "
         "queries are a random 10% of the chunks, left out of the index",
         "recall_model.json",
     )

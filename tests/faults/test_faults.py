@@ -148,8 +148,11 @@ async def test_sigkill_embed_during_appends_loses_nothing(database_url: str) -> 
         conn = await asyncpg.connect(database_url)
         try:
             chunks = await conn.fetch(
-                "SELECT start_sequence, embedding IS NOT NULL AS done FROM chunks "
-                "WHERE conversation_id = $1 ORDER BY start_sequence",
+                """SELECT c.start_sequence, v.embedding IS NOT NULL AS done
+                     FROM chunks c
+                     LEFT JOIN chunk_vectors v
+                          USING (org_id, conversation_id, start_sequence, version)
+                    WHERE c.conversation_id = $1 ORDER BY c.start_sequence""",
                 cid,
             )
         finally:

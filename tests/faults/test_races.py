@@ -180,21 +180,21 @@ async def test_an_append_answers_once_searchable_and_its_job_closes_after(
             assert answered.status_code == 200
             conn = await asyncpg.connect(database_url)
             try:
-                chunk = await conn.fetchrow(
-                    "SELECT text, embedding FROM chunks WHERE org_id = $1 AND conversation_id = $2",
+                stored_vector = """SELECT v.embedding FROM chunks c
+                    LEFT JOIN chunk_vectors v
+                         USING (org_id, conversation_id, start_sequence, version)
+                    WHERE c.org_id = $1 AND c.conversation_id = $2"""
+                assert await conn.fetchval(stored_vector, org_id, cid) is None  # not stored yet
+                text = await conn.fetchval(
+                    "SELECT text FROM chunks WHERE org_id = $1 AND conversation_id = $2",
                     org_id,
                     cid,
                 )
-                assert chunk["embedding"] is None  # not stored yet
-                found = await mcp.ok("search", query=chunk["text"], conversation_id=cid, limit=1)
+                found = await mcp.ok("search", query=text, conversation_id=cid, limit=1)
                 assert found["results"][0]["score"] == 1.0  # but in the shard
                 release.set()
                 await outbox_drained(database_url)
-                stored = await conn.fetchval(
-                    "SELECT embedding FROM chunks WHERE org_id = $1 AND conversation_id = $2",
-                    org_id,
-                    cid,
-                )
+                stored = await conn.fetchval(stored_vector, org_id, cid)
             finally:
                 await conn.close()
     assert attempts == 2 and stored is not None and len(stored) == 4 * 768

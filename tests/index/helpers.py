@@ -90,10 +90,17 @@ async def insert_chunks(
         )
         # Windows start at 1, 4, 7, ... in each conversation.
         await conn.executemany(
-            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
-            "end_sequence, text, embedding) "
-            "SELECT $1, $2, s, $3, s + 4, $3, $4 FROM (SELECT COALESCE(max(start_sequence), -2) "
-            "+ 3 AS s FROM chunks WHERE org_id = $1 AND conversation_id = $2) AS next",
+            """WITH chunk AS (
+                   INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
+                                       end_sequence, text)
+                   SELECT $1, $2, s, $3, s + 4, $3
+                     FROM (SELECT COALESCE(max(start_sequence), -2) + 3 AS s FROM chunks
+                            WHERE org_id = $1 AND conversation_id = $2) AS next
+                   RETURNING org_id, conversation_id, start_sequence, version)
+               INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version,
+                                          embedding)
+               SELECT org_id, conversation_id, start_sequence, version, $4 FROM chunk
+                WHERE $4::bytea IS NOT NULL""",
             [
                 (org, conversation, chunk_id, None if v is None else v.astype("<f4").tobytes())
                 for chunk_id, conversation, v in chunks

@@ -1,0 +1,55 @@
+-- Chunk vectors get a table of their own. Stored in the chunk row, each vector was an UPDATE
+-- moments after the insert: a second version of the row, a second write of its full text,
+-- and (once rows are large) new entries in every index, the full-text GIN included. Inserted
+-- here, a vector touches neither the chunk row nor its indexes, so the full text can live in
+-- the row (below), where an org-wide lexical search reads it with the row instead of through
+-- TOAST: at 1M chunks from disk, about half the time.
+--
+-- A vector belongs to one version of its window: readers take it only while
+-- chunk_vectors.version = chunks.version. A rebuilt window keeps its old vector here until
+-- the new one is stored over it; a deleted chunk takes its vector along.
+CREATE TABLE chunk_vectors (
+    org_id           text NOT NULL,
+    conversation_id  text NOT NULL,
+    start_sequence   integer NOT NULL,
+    version          integer NOT NULL,
+    embedding        bytea NOT NULL,  -- little-endian float32 values
+    PRIMARY KEY (org_id, conversation_id, start_sequence),
+    FOREIGN KEY (org_id, conversation_id, start_sequence)
+        REFERENCES chunks (org_id, conversation_id, start_sequence) ON DELETE CASCADE
+);
+-- In the row: 3 KB at 768 dimensions fits a page twice, and out of line it cost two more
+-- tuples and two TOAST index entries a vector. (Vectors do not compress; past the page
+-- they still go out of line.)
+ALTER TABLE chunk_vectors ALTER COLUMN embedding SET STORAGE MAIN;
+
+INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, embedding)
+SELECT org_id, conversation_id, start_sequence, version, embedding
+  FROM chunks WHERE embedding IS NOT NULL;
+
+-- New full text stays in the chunk row (compressed first if the row is too large); rows
+-- stored before keep theirs out of line until rewritten (VACUUM FULL chunks, in a
+-- maintenance window).
+ALTER TABLE chunks ALTER COLUMN text_search SET STORAGE MAIN;
+
+-- chunks.embedding stays for one release, while pods of the previous one still run:
+-- - they store vectors there (an UPDATE): the trigger moves each one here, with the row's
+--   version;
+-- - they read it to skip embedding again, so a rebuilt window still clears it (upsert_chunks)
+--   and an old pod never takes a stale vector for the new text.
+-- The release after this one drops the column and the trigger.
+CREATE FUNCTION chunk_vector_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.embedding IS NOT NULL THEN
+        INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, embedding)
+        VALUES (NEW.org_id, NEW.conversation_id, NEW.start_sequence, NEW.version,
+                NEW.embedding)
+        ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+           SET version = excluded.version, embedding = excluded.embedding
+         WHERE chunk_vectors.version <= excluded.version;
+        NEW.embedding := NULL;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chunk_vector_moved BEFORE UPDATE OF embedding ON chunks
+    FOR EACH ROW EXECUTE FUNCTION chunk_vector_moved();
