@@ -251,7 +251,9 @@ async def settle(pg_url: str) -> None:
             ):
                 break
             await asyncio.sleep(2)
-        await conn.execute("VACUUM (ANALYZE) chunks, messages, conversations, index_outbox")
+        await conn.execute(
+            "VACUUM (ANALYZE) chunks, chunk_vectors, messages, conversations, index_outbox"
+        )
     finally:
         await conn.close()
 

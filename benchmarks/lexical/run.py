@@ -16,8 +16,11 @@ buffers) and its files dropped from the OS page cache, then the questions are as
 (`cold_p50_ms`); the usual timing (`p50_ms`) follows with the pages the first pass read.
 Without it every pass follows the exact reference, which has read each question's matches.
 
+With --full-text-storage external the chunks' full text is stored out of line (TOAST), as
+before migration 0010, to compare with its place in the row (main, the schema's).
+
 Usage: python benchmarks/lexical/run.py [--chunks 100000] [--questions 150]
-       [--budgets 100 200 300 500] [--cold]
+       [--budgets 100 200 300 500] [--cold] [--full-text-storage main|external]
 Database: DATABASE_URL when set (the org is deleted afterwards), else an embedded PostgreSQL
 in a temporary folder.
 """
@@ -153,6 +156,14 @@ async def run(
     await migrate_url(database_url)
     conn = await asyncpg.connect(database_url)
     server_version = await conn.fetchval("SHOW server_version")
+    if args.full_text_storage:
+        await conn.execute(
+            f"ALTER TABLE chunks ALTER COLUMN text_search SET STORAGE {args.full_text_storage}"
+        )
+    storage = await conn.fetchval(
+        "SELECT attstorage::text FROM pg_attribute "
+        "WHERE attrelid = 'chunks'::regclass AND attname = 'text_search'"
+    )
     org_id = new_id("org")
     try:
         await admin.create_org(conn, org_id, new_id("bench-lexical"), None)
@@ -189,12 +200,14 @@ async def run(
             progress(f"  {result}")
             results.append(result)
     finally:
-        await conn.execute("DELETE FROM orgs WHERE org_id = $1", org_id)
-        await conn.close()
+        if not conn.is_closed():  # else the server did not come back (--cold): its error tells
+            await conn.execute("DELETE FROM orgs WHERE org_id = $1", org_id)
+            await conn.close()
     return {
         "machine": args.machine,
         "postgres": server_version,
         "chunks": size,
+        "full_text_storage": {"m": "main", "e": "external"}.get(storage, storage),
         "questions": len(questions),
         "results": results,
     }
@@ -232,7 +245,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     ax.set_title(
         f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, "
-        f"{report['machine']}, PostgreSQL {report['postgres']}"
+        f"{report['machine']}, PostgreSQL {report['postgres']}, "
+        f"full text {report.get('full_text_storage', 'external')}"
     )
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -257,6 +271,12 @@ def main() -> None:
         action="store_false",
         help="skip the exact reference and overlap@10 (it reads every match: most of a 1M org)",
     )
+    parser.add_argument(
+        "--full-text-storage",
+        choices=["main", "external"],
+        help="store the chunks' full text in the row (main) or out of line (external, as "
+        "before 0010); embedded server only",
+    )
     parser.add_argument("--label", help="results file name: lexical-LABEL.json and .png")
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -266,6 +286,8 @@ def main() -> None:
     if database_url:
         if args.cold:
             parser.error("--cold restarts the embedded server: unset DATABASE_URL to use it")
+        if args.full_text_storage:
+            parser.error("--full-text-storage alters the schema: unset DATABASE_URL to use it")
         report = asyncio.run(run(args, database_url))
     else:
         with tempfile.TemporaryDirectory() as tmp:
