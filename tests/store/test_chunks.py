@@ -114,18 +114,29 @@ async def test_a_deleted_conversation_takes_its_vectors_along(database_url: str)
         await conn.close()
 
 
-async def test_full_text_is_stored_in_the_chunk_row(database_url: str) -> None:
-    """Org-wide lexical search reads each match's full text with its row (0010): out of line
-    it read the TOAST index and pages too, twice the time from disk at 1M chunks."""
+async def test_a_large_window_puts_only_its_text_out_of_line(database_url: str) -> None:
+    """Org-wide lexical search reads each match's full text and id with its row (0010): with
+    the full text out of line it read the TOAST index and pages too, twice the time from disk
+    at 1M chunks; with the id out of line, grouping the matches by chunk went through TOAST."""
     conn = await asyncpg.connect(database_url)
     try:
-        storage = await conn.fetchval(
-            "SELECT attstorage::text FROM pg_attribute "
-            "WHERE attrelid = 'chunks'::regclass AND attname = 'text_search'"
+        org_id = await _org_with_conversation(conn, "toast", "conv_toast")
+        toast = await conn.fetchval(
+            "SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'chunks'"
         )
+        values = f"SELECT count(DISTINCT chunk_id) FROM {toast}"  # TOAST values, not chunks
+        before = await conn.fetchval(values)
+        words = " ".join(f"w{i:04d}" for i in range(400))  # a 4 KB full text
+        await repo.upsert_chunks(conn, org_id, "conv_toast", [_window("conv_toast", words)], FREE)
+        sizes = await conn.fetchrow(
+            "SELECT pg_column_size(text_search) AS full_text, pg_column_size(c.*) AS row "
+            "FROM chunks c WHERE org_id = $1",
+            org_id,
+        )
+        assert sizes["full_text"] > 2048 and sizes["row"] > sizes["full_text"]
+        assert await conn.fetchval(values) == before + 1  # the text alone
     finally:
         await conn.close()
-    assert storage == "m"  # main: compressed in the row before it is moved out of it
 
 
 async def test_chunks_have_one_unique_index_the_one_upserts_name(database_url: str) -> None:

@@ -29,8 +29,15 @@ SELECT org_id, conversation_id, start_sequence, version, embedding
 
 -- New full text stays in the chunk row (compressed first if the row is too large); rows
 -- stored before keep theirs out of line until rewritten (VACUUM FULL chunks, in a
--- maintenance window).
-ALTER TABLE chunks ALTER COLUMN text_search SET STORAGE MAIN;
+-- maintenance window). The ids stay in the row too: PostgreSQL moves a row's other
+-- attributes out of line, largest first, while the row is over 2 KB, and a full text that
+-- stays took the 28-byte chunk_id along. Every read of the id then went through TOAST: an
+-- org-wide search at 100k chunks read 25,000 TOAST pages to group its matches by chunk.
+ALTER TABLE chunks
+    ALTER COLUMN text_search SET STORAGE MAIN,
+    ALTER COLUMN org_id SET STORAGE MAIN,
+    ALTER COLUMN conversation_id SET STORAGE MAIN,
+    ALTER COLUMN chunk_id SET STORAGE MAIN;
 
 -- chunks.embedding stays for one release, while pods of the previous one still run:
 -- - they store vectors there (an UPDATE): the trigger moves each one here, with the row's
