@@ -29,6 +29,17 @@ async def _org_with_conversation(conn: asyncpg.Connection, name: str, conversati
     return org.org_id
 
 
+async def _org_with_window(conn: asyncpg.Connection, name: str, text: str) -> tuple[str, str]:
+    """A new org whose one conversation, conv_NAME, has one window of `text`: (org, chunk)."""
+    conversation_id = f"conv_{name}"
+    org_id = await _org_with_conversation(conn, name, conversation_id)
+    queued = await repo.upsert_chunks(
+        conn, org_id, conversation_id, [_window(conversation_id, text)], FREE
+    )
+    assert queued is not None and queued.chunks[0][1] == 1
+    return org_id, queued.chunks[0][0]
+
+
 STORE_VECTOR = """
 INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, embedding)
 SELECT org_id, conversation_id, start_sequence, version, $3 FROM chunks
@@ -48,12 +59,7 @@ async def test_a_window_rebuilt_while_its_vector_is_stored_does_not_wait(
     writer = await asyncpg.connect(database_url)
     indexer = await asyncpg.connect(database_url)
     try:
-        org_id = await _org_with_conversation(writer, "race", "conv_race")
-        first = await repo.upsert_chunks(
-            writer, org_id, "conv_race", [_window("conv_race", "one")], FREE
-        )
-        assert first is not None and first.chunks[0][1] == 1
-        chunk = first.chunks[0][0]
+        org_id, chunk = await _org_with_window(writer, "race", "one")
 
         storing = indexer.transaction()
         await storing.start()
@@ -78,12 +84,7 @@ async def test_a_vector_the_previous_release_stores_in_the_chunk_row_is_moved(
     in chunk_vectors with the row's version, and the chunk row keeps none."""
     conn = await asyncpg.connect(database_url)
     try:
-        org_id = await _org_with_conversation(conn, "legacy", "conv_legacy")
-        queued = await repo.upsert_chunks(
-            conn, org_id, "conv_legacy", [_window("conv_legacy", "one")], FREE
-        )
-        assert queued is not None
-        chunk = queued.chunks[0][0]
+        org_id, chunk = await _org_with_window(conn, "legacy", "one")
         vector = b"\x01" * 3072
         await conn.execute(
             "UPDATE chunks c SET embedding = $3 WHERE org_id = $1 AND chunk_id = $2",
@@ -100,12 +101,8 @@ async def test_a_vector_the_previous_release_stores_in_the_chunk_row_is_moved(
 async def test_a_deleted_conversation_takes_its_vectors_along(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
-        org_id = await _org_with_conversation(conn, "gone", "conv_gone")
-        queued = await repo.upsert_chunks(
-            conn, org_id, "conv_gone", [_window("conv_gone", "one")], FREE
-        )
-        assert queued is not None
-        await conn.execute(STORE_VECTOR, org_id, queued.chunks[0][0], b"\x00" * 3072)
+        org_id, chunk = await _org_with_window(conn, "gone", "one")
+        await conn.execute(STORE_VECTOR, org_id, chunk, b"\x00" * 3072)
         count = "SELECT count(*) FROM chunk_vectors WHERE org_id = $1"
         assert await conn.fetchval(count, org_id) == 1
         await conn.execute("DELETE FROM conversations WHERE org_id = $1", org_id)
@@ -120,14 +117,13 @@ async def test_a_large_window_puts_only_its_text_out_of_line(database_url: str) 
     at 1M chunks; with the id out of line, grouping the matches by chunk went through TOAST."""
     conn = await asyncpg.connect(database_url)
     try:
-        org_id = await _org_with_conversation(conn, "toast", "conv_toast")
         toast = await conn.fetchval(
             "SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'chunks'"
         )
         values = f"SELECT count(DISTINCT chunk_id) FROM {toast}"  # TOAST values, not chunks
         before = await conn.fetchval(values)
         words = " ".join(f"w{i:04d}" for i in range(400))  # a 4 KB full text
-        await repo.upsert_chunks(conn, org_id, "conv_toast", [_window("conv_toast", words)], FREE)
+        org_id, _ = await _org_with_window(conn, "toast", words)
         sizes = await conn.fetchrow(
             "SELECT pg_column_size(text_search) AS full_text, pg_column_size(c.*) AS row "
             "FROM chunks c WHERE org_id = $1",
