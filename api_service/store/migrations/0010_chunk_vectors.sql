@@ -18,9 +18,9 @@ CREATE TABLE chunk_vectors (
     FOREIGN KEY (org_id, conversation_id, start_sequence)
         REFERENCES chunks (org_id, conversation_id, start_sequence) ON DELETE CASCADE
 );
--- In the row: 3 KB at 768 dimensions fits a page twice, and out of line it cost two more
--- tuples and two TOAST index entries a vector. (Vectors do not compress; past the page
--- they still go out of line.)
+-- In the row: out of line, each vector cost two more tuples and two TOAST index entries to
+-- write. At 768 dimensions (3 KB) two fit a page, so a vector takes 4 KB of disk instead of
+-- about 3.3. Model vectors do not compress; past the page they still go out of line.
 ALTER TABLE chunk_vectors ALTER COLUMN embedding SET STORAGE MAIN;
 
 INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, embedding)
