@@ -326,22 +326,25 @@ class Indexer:
         done jobs from the outbox. Each vector is stored with the version it was embedded
         from, and only while that is the chunk's version: a chunk rebuilt meanwhile gets its
         vector from its own, later job. (Two jobs of a batch may both have embedded a chunk:
-        one vector is stored.) A delete that committed while an
-        upsert job ran, or between its attempts, may have cleared the shard before an upsert
-        reached it: the removal is queued again."""
+        one vector is stored.) The chunks are share-locked first, so a chunk whose delete
+        commits meanwhile is skipped instead of failing the statement's foreign key check.
+        A delete that committed while an upsert job ran, or between its attempts, may have
+        cleared the shard before an upsert reached it: the removal is queued again."""
         ids = [job.job_id for job in jobs]
         checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
             """WITH stored AS (
                         INSERT INTO chunk_vectors
                                (org_id, conversation_id, start_sequence, version, embedding)
-                        SELECT DISTINCT ON (c.org_id, c.conversation_id, c.start_sequence)
-                               c.org_id, c.conversation_id, c.start_sequence, c.version,
-                               v.embedding
-                          FROM unnest($4::text[], $5::text[], $6::int[], $7::bytea[])
-                               AS v(org_id, chunk_id, version, embedding)
-                          JOIN chunks c ON c.org_id = v.org_id AND c.chunk_id = v.chunk_id
-                                       AND c.version = v.version
+                        SELECT DISTINCT ON (org_id, conversation_id, start_sequence) *
+                          FROM (SELECT c.org_id, c.conversation_id, c.start_sequence,
+                                       c.version, v.embedding
+                                  FROM unnest($4::text[], $5::text[], $6::int[], $7::bytea[])
+                                       AS v(org_id, chunk_id, version, embedding)
+                                  JOIN chunks c
+                                    ON c.org_id = v.org_id AND c.chunk_id = v.chunk_id
+                                   AND c.version = v.version
+                                   FOR KEY SHARE OF c) AS live
                         ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
                            SET version = excluded.version, embedding = excluded.embedding
                          WHERE chunk_vectors.version < excluded.version),

@@ -286,6 +286,49 @@ async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again
         await pool.close()
 
 
+async def test_a_delete_racing_the_store_of_its_vectors_skips_them(database_url: str) -> None:
+    """The indexer stores an append's vectors after the append answered, so a conversation
+    delete can commit while that statement runs. Its vectors are skipped and the job still
+    closes (the delete's own job clears the shard)."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    deleter = await asyncpg.connect(database_url)
+    worker = indexer.Indexer(  # clients never called: _finish only writes PostgreSQL
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    try:
+        await pool.execute("INSERT INTO orgs (org_id, name) VALUES ('org_race', 'race')")
+        await pool.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ('org_race', 'conv_r')"
+        )
+        await pool.execute(
+            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
+            "end_sequence, text) VALUES ('org_race', 'conv_r', 1, 'chk_r', 1, 'x')"
+        )
+        job_id = await pool.fetchval(
+            "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
+            "VALUES ('org_race', 'upsert', 'conv_r', '{chk_r}') RETURNING job_id"
+        )
+        job = indexer.Job(job_id, "org_race", "upsert", "conv_r", ["chk_r"], 1)
+        deleting = deleter.transaction()
+        await deleting.start()
+        await deleter.execute("DELETE FROM conversations WHERE org_id = 'org_race'")
+        embedded = indexer._Embedded("org_race", "chk_r", 1, b"\x00" * 3072)
+        finish = asyncio.create_task(worker._finish([job], [embedded]))
+        await asyncio.sleep(0.3)  # the store now waits on the deleted chunk row
+        await deleting.commit()
+        await asyncio.wait_for(finish, 10)
+        assert (
+            await pool.fetchval("SELECT count(*) FROM index_outbox WHERE job_id = $1", job_id) == 0
+        )
+        assert await pool.fetchval("SELECT count(*) FROM chunk_vectors") == 0
+    finally:
+        await deleter.close()
+        await pool.execute("DELETE FROM index_outbox WHERE org_id = 'org_race'")
+        await pool.execute("DELETE FROM orgs WHERE org_id = 'org_race'")
+        await pool.close()
+
+
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
     org_id, key = await service.org_with_key()
     async with service.rest(key) as http:
