@@ -77,11 +77,11 @@ async def test_a_window_rebuilt_while_its_vector_is_stored_does_not_wait(
         await indexer.close()
 
 
-async def test_a_vector_the_previous_release_stores_in_the_chunk_row_is_moved(
+async def test_a_vector_the_previous_release_stores_in_the_chunk_row_is_copied(
     database_url: str,
 ) -> None:
     """Pods of the release before 0010 store a vector by updating chunks.embedding; it lands
-    in chunk_vectors with the row's version, and the chunk row keeps none."""
+    in chunk_vectors too, with the row's version, and stays where those pods read it."""
     conn = await asyncpg.connect(database_url)
     try:
         org_id, chunk = await _org_with_window(conn, "legacy", "one")
@@ -93,7 +93,8 @@ async def test_a_vector_the_previous_release_stores_in_the_chunk_row_is_moved(
             vector,
         )
         assert tuple(await conn.fetchrow(CURRENT_VECTOR, org_id, chunk)) == (1, vector)
-        assert await conn.fetchval("SELECT embedding FROM chunks WHERE org_id = $1", org_id) is None
+        legacy = await conn.fetchval("SELECT embedding FROM chunks WHERE org_id = $1", org_id)
+        assert legacy == vector
     finally:
         await conn.close()
 

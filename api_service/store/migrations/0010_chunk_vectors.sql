@@ -5,6 +5,23 @@
 -- the row (below), where an org-wide lexical search reads it with the row instead of through
 -- TOAST: at 1M chunks from disk, about half the time.
 --
+-- First, so the migration takes its strongest lock on chunks before the copy below rather than
+-- raising it after (a lock upgrade can deadlock with a reader).
+-- New full text stays in the chunk row (compressed first if the row is too large); rows
+-- stored before keep theirs out of line until rewritten (VACUUM FULL chunks, in a
+-- maintenance window). The ids stay in the row too: PostgreSQL moves a row's other
+-- attributes out of line, largest first, while the row is over 2 KB, and a full text that
+-- stays took the 28-byte chunk_id along. Every read of the id then went through TOAST: an
+-- org-wide search at 100k chunks read 25,000 TOAST pages to group its matches by chunk.
+-- The 30% left free on each page for the vector's UPDATE (0009) has no use left: a rebuild
+-- changes the full text, which the GIN indexes, so it is never a HOT update.
+ALTER TABLE chunks
+    SET (fillfactor = 100),
+    ALTER COLUMN text_search SET STORAGE MAIN,
+    ALTER COLUMN org_id SET STORAGE MAIN,
+    ALTER COLUMN conversation_id SET STORAGE MAIN,
+    ALTER COLUMN chunk_id SET STORAGE MAIN;
+
 -- A vector belongs to one version of its window: readers take it only while
 -- chunk_vectors.version = chunks.version. A rebuilt window keeps its old vector here until
 -- the new one is stored over it; a deleted chunk takes its vector along.
@@ -27,28 +44,14 @@ INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, emb
 SELECT org_id, conversation_id, start_sequence, version, embedding
   FROM chunks WHERE embedding IS NOT NULL;
 
--- New full text stays in the chunk row (compressed first if the row is too large); rows
--- stored before keep theirs out of line until rewritten (VACUUM FULL chunks, in a
--- maintenance window). The ids stay in the row too: PostgreSQL moves a row's other
--- attributes out of line, largest first, while the row is over 2 KB, and a full text that
--- stays took the 28-byte chunk_id along. Every read of the id then went through TOAST: an
--- org-wide search at 100k chunks read 25,000 TOAST pages to group its matches by chunk.
--- The 30% left free on each page for the vector's UPDATE (0009) has no use left: a rebuild
--- changes the full text, which the GIN indexes, so it is never a HOT update.
-ALTER TABLE chunks
-    SET (fillfactor = 100),
-    ALTER COLUMN text_search SET STORAGE MAIN,
-    ALTER COLUMN org_id SET STORAGE MAIN,
-    ALTER COLUMN conversation_id SET STORAGE MAIN,
-    ALTER COLUMN chunk_id SET STORAGE MAIN;
-
 -- chunks.embedding stays for one release, while pods of the previous one still run:
--- - they store vectors there (an UPDATE): the trigger moves each one here, with the row's
---   version;
+-- - they store vectors there (an UPDATE): the trigger copies each one here, with the row's
+--   version, and leaves it there for the previous release's readers;
 -- - they read it to skip embedding again, so a rebuilt window still clears it (upsert_chunks)
 --   and an old pod never takes a stale vector for the new text.
--- The release after this one drops the column and the trigger.
-CREATE FUNCTION chunk_vector_moved() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Vectors this release stores are here only: rolling back past 0010 copies them back first
+-- (docs/operations.md). The release after this one drops the column and the trigger.
+CREATE FUNCTION chunk_vector_copied() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.embedding IS NOT NULL THEN
         INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, version, embedding)
@@ -57,9 +60,8 @@ BEGIN
         ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
            SET version = excluded.version, embedding = excluded.embedding
          WHERE chunk_vectors.version <= excluded.version;
-        NEW.embedding := NULL;
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER chunk_vector_moved BEFORE UPDATE OF embedding ON chunks
-    FOR EACH ROW EXECUTE FUNCTION chunk_vector_moved();
+CREATE TRIGGER chunk_vector_copied BEFORE UPDATE OF embedding ON chunks
+    FOR EACH ROW EXECUTE FUNCTION chunk_vector_copied();
