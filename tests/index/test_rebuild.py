@@ -78,13 +78,19 @@ async def test_a_copy_left_by_an_earlier_routing_is_reloaded(database_url: str) 
         await execute(
             database_url, "DELETE FROM chunks WHERE org_id = $1 AND chunk_id = 'chk_0'", org
         )
+        # A window rebuilt since its vector was stored: that vector is of its old text.
+        await execute(
+            database_url,
+            "UPDATE chunks SET version = version + 1 WHERE org_id = $1 AND chunk_id = 'chk_1'",
+            org,
+        )
 
         # Same epoch: A still serves the copy it has (nothing told it otherwise).
         same = await stub_a.Search(search_request(org, vectors[0], 10, epoch=epoch_ab))
         assert len(same.hits) == 5
         # Back on A under a new routing: A reloads before answering.
         back = await stub_a.Search(search_request(org, vectors[0], 20, epoch=epoch_abc))
-        assert {h.chunk_id for h in back.hits} == {f"chk_{i}" for i in range(1, 10)}
+        assert {h.chunk_id for h in back.hits} == {f"chk_{i}" for i in range(2, 10)}
         assert server_a.registry.loads == 2
 
 
