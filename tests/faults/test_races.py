@@ -329,6 +329,36 @@ async def test_a_delete_racing_the_store_of_its_vectors_skips_them(database_url:
         await pool.close()
 
 
+async def test_a_rebuilt_windows_new_vector_is_stored_over_the_old(database_url: str) -> None:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    worker = indexer.Indexer(  # clients never called: _finish only writes PostgreSQL
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    try:
+        await pool.execute("INSERT INTO orgs (org_id, name) VALUES ('org_new', 'new')")
+        await pool.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ('org_new', 'conv_n')"
+        )
+        await pool.execute(
+            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
+            "end_sequence, text) VALUES ('org_new', 'conv_n', 1, 'chk_n', 1, 'x')"
+        )
+        for version, vector in [(1, b"\x01" * 3072), (2, b"\x02" * 3072)]:
+            await pool.execute("UPDATE chunks SET version = $1 WHERE org_id = 'org_new'", version)
+            await worker._finish([], [indexer._Embedded("org_new", "chk_n", version, vector)])
+        # A late store of the old version, as a slow retry would make, changes nothing.
+        late = indexer._Embedded("org_new", "chk_n", 1, b"\x01" * 3072)
+        await worker._finish([], [late])
+        stored = await pool.fetchrow(
+            "SELECT version, embedding FROM chunk_vectors WHERE org_id = 'org_new'"
+        )
+        assert tuple(stored) == (2, b"\x02" * 3072)
+    finally:
+        await pool.execute("DELETE FROM orgs WHERE org_id = 'org_new'")
+        await pool.close()
+
+
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
     org_id, key = await service.org_with_key()
     async with service.rest(key) as http:
