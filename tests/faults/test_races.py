@@ -5,7 +5,9 @@ worker, and nothing secret in the logs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -286,77 +288,74 @@ async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again
         await pool.close()
 
 
+@contextlib.asynccontextmanager
+async def _indexer_over_one_chunk(
+    database_url: str, org_id: str
+) -> AsyncIterator[tuple[asyncpg.Pool, indexer.Indexer]]:
+    """A pool, an Indexer whose clients are never called (only `_finish`, which writes
+    PostgreSQL alone, is used), and `org_id` with one conversation (conv_1) holding one
+    chunk (chk_1, version 1); the org goes afterwards."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    try:
+        await pool.execute("INSERT INTO orgs (org_id, name) VALUES ($1, $1)", org_id)
+        await pool.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, 'conv_1')", org_id
+        )
+        await pool.execute(
+            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
+            "end_sequence, text) VALUES ($1, 'conv_1', 1, 'chk_1', 1, 'x')",
+            org_id,
+        )
+        yield pool, worker
+    finally:
+        await pool.execute("DELETE FROM index_outbox WHERE org_id = $1", org_id)
+        await pool.execute("DELETE FROM orgs WHERE org_id = $1", org_id)
+        await pool.close()
+
+
 async def test_a_delete_racing_the_store_of_its_vectors_skips_them(database_url: str) -> None:
     """The indexer stores an append's vectors after the append answered, so a conversation
     delete can commit while that statement runs. Its vectors are skipped and the job still
     closes (the delete's own job clears the shard)."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-    assert pool is not None
     deleter = await asyncpg.connect(database_url)
-    worker = indexer.Indexer(  # clients never called: _finish only writes PostgreSQL
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
-    )
     try:
-        await pool.execute("INSERT INTO orgs (org_id, name) VALUES ('org_race', 'race')")
-        await pool.execute(
-            "INSERT INTO conversations (org_id, conversation_id) VALUES ('org_race', 'conv_r')"
-        )
-        await pool.execute(
-            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
-            "end_sequence, text) VALUES ('org_race', 'conv_r', 1, 'chk_r', 1, 'x')"
-        )
-        job_id = await pool.fetchval(
-            "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
-            "VALUES ('org_race', 'upsert', 'conv_r', '{chk_r}') RETURNING job_id"
-        )
-        job = indexer.Job(job_id, "org_race", "upsert", "conv_r", ["chk_r"], 1)
-        deleting = deleter.transaction()
-        await deleting.start()
-        await deleter.execute("DELETE FROM conversations WHERE org_id = 'org_race'")
-        embedded = indexer._Embedded("org_race", "chk_r", 1, b"\x00" * 3072)
-        finish = asyncio.create_task(worker._finish([job], [embedded]))
-        await asyncio.sleep(0.3)  # the store now waits on the deleted chunk row
-        await deleting.commit()
-        await asyncio.wait_for(finish, 10)
-        assert (
-            await pool.fetchval("SELECT count(*) FROM index_outbox WHERE job_id = $1", job_id) == 0
-        )
-        assert await pool.fetchval("SELECT count(*) FROM chunk_vectors") == 0
+        async with _indexer_over_one_chunk(database_url, "org_race") as (pool, worker):
+            job_id = await pool.fetchval(
+                "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
+                "VALUES ('org_race', 'upsert', 'conv_1', '{chk_1}') RETURNING job_id"
+            )
+            job = indexer.Job(job_id, "org_race", "upsert", "conv_1", ["chk_1"], 1)
+            deleting = deleter.transaction()
+            await deleting.start()
+            await deleter.execute("DELETE FROM conversations WHERE org_id = 'org_race'")
+            embedded = indexer._Embedded("org_race", "chk_1", 1, b"\x00" * 3072)
+            finish = asyncio.create_task(worker._finish([job], [embedded]))
+            await asyncio.sleep(0.3)  # the store now waits on the deleted chunk row
+            await deleting.commit()
+            await asyncio.wait_for(finish, 10)
+            left = "SELECT count(*) FROM index_outbox WHERE job_id = $1"
+            assert await pool.fetchval(left, job_id) == 0
+            assert await pool.fetchval("SELECT count(*) FROM chunk_vectors") == 0
     finally:
         await deleter.close()
-        await pool.execute("DELETE FROM index_outbox WHERE org_id = 'org_race'")
-        await pool.execute("DELETE FROM orgs WHERE org_id = 'org_race'")
-        await pool.close()
 
 
 async def test_a_rebuilt_windows_new_vector_is_stored_over_the_old(database_url: str) -> None:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-    assert pool is not None
-    worker = indexer.Indexer(  # clients never called: _finish only writes PostgreSQL
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
-    )
-    try:
-        await pool.execute("INSERT INTO orgs (org_id, name) VALUES ('org_new', 'new')")
-        await pool.execute(
-            "INSERT INTO conversations (org_id, conversation_id) VALUES ('org_new', 'conv_n')"
-        )
-        await pool.execute(
-            "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
-            "end_sequence, text) VALUES ('org_new', 'conv_n', 1, 'chk_n', 1, 'x')"
-        )
+    async with _indexer_over_one_chunk(database_url, "org_new") as (pool, worker):
         for version, vector in [(1, b"\x01" * 3072), (2, b"\x02" * 3072)]:
             await pool.execute("UPDATE chunks SET version = $1 WHERE org_id = 'org_new'", version)
-            await worker._finish([], [indexer._Embedded("org_new", "chk_n", version, vector)])
+            await worker._finish([], [indexer._Embedded("org_new", "chk_1", version, vector)])
         # A late store of the old version, as a slow retry would make, changes nothing.
-        late = indexer._Embedded("org_new", "chk_n", 1, b"\x01" * 3072)
+        late = indexer._Embedded("org_new", "chk_1", 1, b"\x01" * 3072)
         await worker._finish([], [late])
         stored = await pool.fetchrow(
             "SELECT version, embedding FROM chunk_vectors WHERE org_id = 'org_new'"
         )
         assert tuple(stored) == (2, b"\x02" * 3072)
-    finally:
-        await pool.execute("DELETE FROM orgs WHERE org_id = 'org_new'")
-        await pool.close()
 
 
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
