@@ -20,8 +20,11 @@ def migration_files() -> list[tuple[str, str]]:
     return [(name, (folder / name).read_text()) for name in names]
 
 
-async def migrate(conn: asyncpg.Connection) -> list[str]:
-    """Apply pending migrations; return the names applied now."""
+async def migrate(conn: asyncpg.Connection, through: str | None = None) -> list[str]:
+    """Apply pending migrations, up to and including the one named `through` when given;
+    return the names applied now."""
+    if through is not None and through not in {name for name, _ in migration_files()}:
+        raise ValueError(f"no migration named {through!r}")
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)
     try:
@@ -32,13 +35,14 @@ async def migrate(conn: asyncpg.Connection) -> list[str]:
         )
         done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
         for name, sql in migration_files():
-            if name in done:
-                continue
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
-            log.info("applied migration %s", name)
-            applied_now.append(name)
+            if name not in done:
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (name) VALUES ($1)", name)
+                log.info("applied migration %s", name)
+                applied_now.append(name)
+            if name == through:
+                break
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_ID)
     return applied_now

@@ -1,6 +1,25 @@
+import uuid
+from collections.abc import AsyncIterator
+
 import asyncpg
+import numpy as np
+import pytest
 
 from api_service.store.migrate import migrate, migration_files
+from tests.conftest import _with_database
+
+
+@pytest.fixture
+async def empty_database_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database with no migration applied, dropped afterwards."""
+    name = f"memtest_empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield _with_database(pg_server_url, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 async def test_migrations_apply_once_and_name_every_file(database_url: str) -> None:
@@ -12,5 +31,67 @@ async def test_migrations_apply_once_and_name_every_file(database_url: str) -> N
         ]
         assert applied == [name for name, _ in migration_files()]
         assert applied[0] == "0001_initial.sql"
+    finally:
+        await conn.close()
+
+
+async def test_migrate_stops_at_the_named_migration(empty_database_url: str) -> None:
+    names = [name for name, _ in migration_files()]
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        with pytest.raises(ValueError, match="no migration named"):
+            await migrate(conn, through="0999_missing.sql")
+        assert await migrate(conn, through=names[2]) == names[:3]
+        assert await migrate(conn, through=names[1]) == []  # already past it
+        assert await migrate(conn) == names[3:]
+    finally:
+        await conn.close()
+
+
+async def test_0010_moves_the_stored_vectors_of_a_populated_database(
+    empty_database_url: str,
+) -> None:
+    """Chunks stored before 0010 keep their vectors, each at its chunk's version; a chunk
+    still waiting for its vector gets none."""
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate(conn, through="0009_chunk_fillfactor.sql")
+        await conn.execute("INSERT INTO orgs (org_id, name) VALUES ('org_a', 'a')")
+        await conn.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ('org_a', 'conv_1')"
+        )
+        vector = np.arange(768, dtype="<f4").tobytes()
+        await conn.executemany(
+            """INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
+                                   end_sequence, text, version, embedding)
+               VALUES ('org_a', 'conv_1', $1, $2, $1, $3, $4, $5)""",
+            [
+                (1, "chk_embedded", "the first window", 3, vector),
+                (2, "chk_pending", "the second window", 1, None),
+            ],
+        )
+
+        assert await migrate(conn) == ["0010_chunk_vectors.sql"]
+
+        rows = await conn.fetch(
+            """SELECT c.chunk_id, v.version, v.embedding
+                 FROM chunk_vectors v
+                 JOIN chunks c USING (org_id, conversation_id, start_sequence)"""
+        )
+        assert [(r["chunk_id"], r["version"], r["embedding"]) for r in rows] == [
+            ("chk_embedded", 3, vector)
+        ]
+        # The ids and the full text now stay in the row ('m': compressed in line, if at all).
+        storage = {
+            r["attname"]: r["attstorage"]
+            for r in await conn.fetch(
+                """SELECT attname, attstorage::text FROM pg_attribute
+                    WHERE attrelid = 'chunks'::regclass
+                      AND attname IN ('org_id', 'conversation_id', 'chunk_id', 'text_search')"""
+            )
+        }
+        assert storage == dict.fromkeys(
+            ["org_id", "conversation_id", "chunk_id", "text_search"], "m"
+        )
     finally:
         await conn.close()
