@@ -95,9 +95,9 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     device = resolve_device(settings.device)
     cores = os.cpu_count() or 1
     work = ThreadPoolExecutor(max_workers=max(2, cores), thread_name_prefix="index-work")
-    searches = ThreadPoolExecutor(
+    requests = ThreadPoolExecutor(
         max_workers=settings.search_threads or cores,
-        thread_name_prefix="index-search",
+        thread_name_prefix="index-request",
         initializer=single_threaded_faiss,
     )
     source: PostgresSource | None = None
@@ -109,7 +109,7 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     registry = Registry(
         source or EmptySource(settings.dim),
         work,
-        searches,
+        requests,
         flat_threshold=settings.flat_threshold,
         target_recall=settings.target_recall,
     )
@@ -122,7 +122,7 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     index_pb2_grpc.add_IndexServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{settings.host}:{settings.port}")
     await server.start()
-    shard = IndexServer(server, port, registry, servicer, source, [work, searches])
+    shard = IndexServer(server, port, registry, servicer, source, [work, requests])
     shard._preload = asyncio.create_task(shard._run_preload(settings))
     log.info("index_service listening on %s:%d (device %s)", settings.host, port, device)
     return shard

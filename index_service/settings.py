@@ -46,7 +46,9 @@ class IndexSettings(BaseSettings):
     )
     shard_name: str = Field(default="", description="This shard's entry in INDEX_SHARDS.")
     search_threads: int = Field(
-        default=0, ge=0, description="Threads serving searches; 0: one per CPU core."
+        default=0,
+        ge=0,
+        description="Threads serving searches, upserts and deletes; 0: one per CPU core.",
     )
     max_message_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest gRPC request or response."

@@ -44,6 +44,7 @@ class AlternativeResult:
     chunks: int
     ingest_seconds: float
     ingest_per_second: float  # chunks/s
+    ingest_cpu_ms_per_chunk: float  # CPU of the processes that did the load, by cpu_seconds
     search_p50_ms: float
     search_p99_ms: float
     recall_at_10: float  # by the caller's `recall` of the ids found for each query
@@ -57,14 +58,22 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 def _result(
-    system: str, n: int, ingest_s: float, samples: list[float], recall: float, notes: str
+    system: str,
+    n: int,
+    ingest: tuple[float, float],
+    samples: list[float],
+    recall: float,
+    notes: str,
 ) -> AlternativeResult:
+    """`ingest`: the load's (wall, CPU) seconds."""
     p50, p99 = percentiles(samples)
+    ingest_s, ingest_cpu_s = ingest
     return AlternativeResult(
         system=system,
         chunks=n,
         ingest_seconds=ingest_s,
         ingest_per_second=n / ingest_s,
+        ingest_cpu_ms_per_chunk=ingest_cpu_s * 1000 / n,
         search_p50_ms=p50,
         search_p99_ms=p99,
         recall_at_10=recall,
@@ -114,10 +123,11 @@ async def bench_pgvector(
     recall: Callable[[list[list[str]]], float],
     progress: Callable[[str], None],
     writers: int,
+    cpu_seconds: Callable[[], float],
 ) -> list[AlternativeResult]:
     """pgvector HNSW (inner product on unit vectors, pgvector's default build settings), one
     result per ef_search in EF_SEARCH. `writers` connections load it at once, as the service's
-    clients write to it."""
+    clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL and this process."""
     n, dim = corpus.vectors.shape
     conn = await _vector_connection(pg_url, dim)
     try:
@@ -151,14 +161,14 @@ async def bench_pgvector(
 
         connections = [await _vector_connection(pg_url, dim) for _ in range(writers)]
         try:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), cpu_seconds()
             async with asyncio.TaskGroup() as load:  # one writer failing stops the others
                 for w, writer in enumerate(connections):
                     load.create_task(write(writer, w))
         finally:
             for writer in connections:
                 await writer.close()
-        ingest_s = time.perf_counter() - t0
+        ingest = (time.perf_counter() - t0, cpu_seconds() - cpu0)
         # As autovacuum soon would: a table the planner has no statistics for may be read
         # whole instead of through the graph.
         await conn.execute("ANALYZE alt_chunks")
@@ -189,7 +199,7 @@ async def bench_pgvector(
                 f"COPY batches of {BATCH}"
             )
             system = f"pgvector-hnsw-ef{ef_search}"
-            results.append(_result(system, n, ingest_s, samples, recall(found), notes))
+            results.append(_result(system, n, ingest, samples, recall(found), notes))
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:
         await conn.close()
@@ -202,8 +212,10 @@ def bench_chroma(
     queries: np.ndarray,
     recall: Callable[[list[list[str]]], float],
     progress: Callable[[str], None],
+    cpu_seconds: Callable[[], float],
 ) -> AlternativeResult:
-    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings."""
+    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings.
+    `cpu_seconds`: cumulative CPU of this process, where Chroma runs."""
     import chromadb  # imported here: heavy, and only this half needs it
     from chromadb.api.shared_system_client import SharedSystemClient
     from chromadb.api.types import Metadata
@@ -225,7 +237,7 @@ def bench_chroma(
     batch = min(BATCH, client.get_max_batch_size())
 
     report = _LoadProgress("chroma", n, progress)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     for start in range(0, n, batch):
         end = min(start + batch, n)
         metadatas: list[Metadata] = [
@@ -238,7 +250,7 @@ def bench_chroma(
             metadatas=metadatas,
         )
         report.done(end)
-    ingest_s = time.perf_counter() - t0
+    ingest = (time.perf_counter() - t0, cpu_seconds() - cpu0)
 
     def search(q: np.ndarray) -> list[str]:
         res = collection.query(
@@ -262,5 +274,5 @@ def bench_chroma(
         f"M={config.get('max_neighbors')} ef_construction={config.get('ef_construction')} "
         f"ef_search={config.get('ef_search')}; add batches of {batch}"
     )
-    result = _result("chroma", n, ingest_s, samples, recall(found), notes)
+    result = _result("chroma", n, ingest, samples, recall(found), notes)
     return result

@@ -58,6 +58,7 @@ from alternatives import (
     bench_pgvector,
     percentiles,
 )
+from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -308,12 +309,19 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
     questions = list(itertools.islice(itertools.cycle(questions), args.queries))
     rows: list[dict[str, Any]] = []
     headers = {"Authorization": f"Bearer {key}"}
+    meter = CpuMeter(args.data_dir / "postgres")
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=1800) as http:
         growth = Growth(http, args.data)
         for size in sorted(args.sizes):
             progress(f"growing the org to {size:,} chunks")
             row: dict[str, Any] = {"system": "memory-service", "chunks": size}
+            cpu_before, chunks_before = meter.read(), growth.chunks
             row.update(await growth.to(size))
+            cpu = per_chunk_ms(cpu_before, meter.read(), growth.chunks - chunks_before)
+            row.update({f"growth_cpu_ms_per_chunk_{part}": ms for part, ms in cpu.items()})
+            progress(
+                "  CPU a chunk: " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in cpu.items())
+            )
             await settle(pg_url)  # no recount or backlog under the timed appends
             row.update(await append_latency(http, 200))
             progress(
@@ -332,7 +340,7 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
             rows.append(row)
             if size > args.alternatives_max:
                 continue
-            for result in await alternatives(args, size, pg_url, corpus, queries, recall):
+            for result in await alternatives(args, size, pg_url, corpus, queries, recall, meter):
                 progress(f"  {result}")
                 rows.append({**vars(result), "service_chunks": size})
     return rows
@@ -345,13 +353,29 @@ async def alternatives(
     corpus: Corpus,
     queries: np.ndarray,
     recall: Recall,
+    meter: CpuMeter,
 ) -> list[AlternativeResult]:
     out: list[AlternativeResult] = []
     if "pgvector" in args.alternatives:
-        out += await bench_pgvector(pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS)
+
+        def postgres_and_client() -> float:
+            parts = meter.read()
+            return parts[POSTGRES] + parts[BENCHMARK]
+
+        out += await bench_pgvector(
+            pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS, postgres_and_client
+        )
     if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
-        out.append(await asyncio.to_thread(bench_chroma, folder, corpus, queries, recall, progress))
+
+        def this_process() -> float:
+            return meter.read()[BENCHMARK]
+
+        out.append(
+            await asyncio.to_thread(
+                bench_chroma, folder, corpus, queries, recall, progress, this_process
+            )
+        )
         shutil.rmtree(folder, ignore_errors=True)
     return out
 
