@@ -43,7 +43,7 @@ import json
 import platform
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,7 +303,15 @@ class Recall:
         return hits / (K * len(found))
 
 
-async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str) -> list[Any]:
+async def measure(
+    args: argparse.Namespace,
+    base_url: str,
+    key: str,
+    pg_url: str,
+    save: Callable[[list[dict[str, Any]]], None],
+) -> None:
+    """Grow, time and compare at each size; `save` the rows so far after each step (a long
+    run that fails late keeps what it measured)."""
     lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
     questions = [json.loads(line)["question"] for line in lines]
     questions = list(itertools.islice(itertools.cycle(questions), args.queries))
@@ -338,12 +346,13 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
             row["recall_at_10"] = recall(found)
             progress(f"  service: {row}")
             rows.append(row)
+            save(rows)
             if size > args.alternatives_max:
                 continue
             for result in await alternatives(args, size, pg_url, corpus, queries, recall, meter):
                 progress(f"  {result}")
                 rows.append({**vars(result), "service_chunks": size})
-    return rows
+            save(rows)
 
 
 async def alternatives(
@@ -400,7 +409,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
     service = [r for r in rows if r["system"] == "memory-service"]
     others = [r for r in rows if r["system"] != "memory-service"]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(20, 4.5))
     sizes = [r["chunks"] for r in service]
     for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
         ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
@@ -432,6 +441,20 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax3.bar(list(rates), list(rates.values()))
     ax3.set(ylabel="chunks/s")
     ax3.set_title(f"ingest, {top['chunks']:,} chunks")
+
+    # What a chunk of ingest cost in CPU: the service by part, the alternatives' loads whole.
+    parts = [k for k in top if k.startswith("growth_cpu_ms_per_chunk_") and k[24:] != "total"]
+    bottom = 0.0
+    for key in parts:  # results of older runs have none
+        ax4.bar(["memory service"], [top[key]], bottom=[bottom], label=key[24:])
+        bottom += top[key]
+    loads = {r["system"].split("-ef")[0]: r.get("ingest_cpu_ms_per_chunk") for r in at_largest}
+    for system, ms in loads.items():
+        if ms is not None:
+            ax4.bar([system], [ms], color="grey")
+    ax4.set(ylabel="CPU ms a chunk")
+    ax4.set_title(f"ingest CPU, {top['chunks']:,} chunks")
+    ax4.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -476,21 +499,24 @@ def main() -> None:
     shutil.rmtree(args.data_dir, ignore_errors=True)  # every run grows a fresh org
     progress(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
     started = time.time()
+    label = f"{args.embedder}-{args.machine.replace(' ', '-').lower()}"
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        meta = {
+            "machine": args.machine,
+            "embedder": args.embedder,
+            "queries": args.queries,
+            "minutes": round((time.time() - started) / 60, 1),
+        }
+        write(rows, args.out, label, meta)
+        progress(f"wrote {args.out / label}.json, .csv and .png")
+
     with stack_in_subprocess(args.data_dir, args.port, args.embedder) as (base_url, key):
         pg_url, server = start_embedded(args.data_dir / "postgres")
         try:
-            rows = asyncio.run(measure(args, base_url, key, pg_url))
+            asyncio.run(measure(args, base_url, key, pg_url, save))
         finally:
             server.cleanup()
-    label = f"{args.embedder}-{args.machine.replace(' ', '-').lower()}"
-    meta = {
-        "machine": args.machine,
-        "embedder": args.embedder,
-        "queries": args.queries,
-        "minutes": round((time.time() - started) / 60, 1),
-    }
-    write(rows, args.out, label, meta)
-    progress(f"wrote {args.out / label}.json, .csv and .png")
 
 
 if __name__ == "__main__":
