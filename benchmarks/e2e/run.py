@@ -8,7 +8,9 @@ own data folder and grows one org through the public REST API with LongMemEval s
 conversations, repeated under new conversation ids. At each size it measures:
 
 - growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
-  messages a call); each append returns once its chunks are searchable;
+  messages a call); each append returns once its chunks are searchable; and the CPU a chunk
+  cost, by part: api, embed, index, postgres and this process, the load generator
+  (benchmarks/e2e/cpu.py);
 - append: latency p50/p99 of one-message appends, one client (searchable on return), as the
   client sees it and as the service's own time with the embedding taken out (`own`, below);
 - search: REST (hybrid: vectors fused with PostgreSQL full text) and MCP (vectors only)
@@ -17,7 +19,7 @@ conversations, repeated under new conversation ids. At each size it measures:
   time; and the vector ranking's recall@10 against exact search over the org's stored vectors;
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server) and Chroma, and asked the same query vectors
-  (benchmarks/e2e/alternatives.py).
+  (benchmarks/e2e/alternatives.py), with the CPU their loads cost a chunk.
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
@@ -25,7 +27,7 @@ settled service, not of one still digesting its growth.
 
 With the hashing embedder (the default) embedding costs microseconds, so the figures are the
 service's own; `--embedder transformer` runs the real model. Writes results/<label>.json,
-.csv and .png.
+.csv and .png, after each size.
 
 `own`: the time the request would take if embedding took none, from its Server-Timing parts
 (see without_embedding). The embedding runs beside other work, so subtracting its whole call
