@@ -25,6 +25,9 @@ T = TypeVar("T")
 # a round finds at most CAUGHT_UP of them; the rest are replayed under the lock at the switch.
 CATCH_UP_ROUNDS = 5
 CAUGHT_UP = 16
+# Upserts up to this many vectors (an append's windows, the indexer's batches) run on a request
+# thread; a bulk load's larger ones on the multi-threaded pool.
+REQUEST_SIZED_WRITE = 256
 
 
 class Source(Protocol):
@@ -56,11 +59,12 @@ class Registry:
     """Holds each org's index; every operation on an org runs on a worker thread with that
     org's lock held, so searches see every write that finished before them.
 
-    A request's own calls (searches, upserts, deletes: a few vectors each) run on `requests`,
-    with single-threaded FAISS; loads and rebuilds on `work`, with multi-threaded FAISS, so a
-    long rebuild never holds up a request thread. A few vectors gain nothing from OpenMP
-    threads: a one-vector upsert into a 40k-vector IVF org took 0.21 ms (p50) and 0.27 ms of
-    CPU with two, 0.15 and 0.22 ms with one (2 cores).
+    A request's own calls (searches, deletes, upserts of a few vectors) run on `requests`,
+    with single-threaded FAISS; loads, rebuilds and bulk upserts on `work`, with
+    multi-threaded FAISS, so a long rebuild never takes a request thread (requests to its org
+    wait only while it is snapshotted and switched). A few vectors gain nothing from OpenMP
+    threads: one-vector upserts into a 40k-vector IVF org took 0.21 ms (p50) on two and
+    0.15 ms on one; the process used 0.27 and 0.22 ms of CPU an upsert (2 cores).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class Registry:
         """Insert or replace chunks (never by an older version), loading the org first if this
         shard does not hold it."""
         org = await self._ensure(org_id, epoch)
+        pool = self._requests if len(chunk_ids) <= REQUEST_SIZED_WRITE else self._work
         count = await self._locked(
             org,
             org.index.upsert,
@@ -104,7 +109,7 @@ class Registry:
             conversation_ids,
             vectors,
             versions,
-            executor=self._requests,
+            executor=pool,
         )
         self._maybe_rebuild(org_id, org)
         return count
@@ -267,8 +272,15 @@ class Registry:
     async def _locked(
         self, org: _Org, fn: Callable[..., T], *args: object, executor: Executor | None = None
     ) -> T:
+        """`fn` with the org's lock held until it returns, even when the caller is cancelled
+        (a gRPC deadline): its thread runs on regardless, and an OrgIndex is not thread-safe."""
         async with org.lock:
-            return await self._run(fn, *args, executor=executor)
+            call = asyncio.ensure_future(self._run(fn, *args, executor=executor))
+            try:
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                await asyncio.wait([call])
+                raise
 
     async def _run(
         self,

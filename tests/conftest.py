@@ -67,3 +67,16 @@ async def database_url(pg_server_url: str, template_db: str) -> AsyncIterator[st
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def empty_database_url(pg_server_url: str) -> AsyncIterator[str]:
+    """A database with no migration applied, dropped afterwards."""
+    name = f"memtest_empty_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield _with_database(pg_server_url, name)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()

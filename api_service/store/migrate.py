@@ -21,9 +21,11 @@ def migration_files() -> list[tuple[str, str]]:
 
 
 async def migrate(conn: asyncpg.Connection, through: str | None = None) -> list[str]:
-    """Apply pending migrations, up to and including the one named `through` when given;
-    return the names applied now."""
-    if through is not None and through not in {name for name, _ in migration_files()}:
+    """Apply pending migrations; return the names applied now.
+
+    `through`: stop after the migration of that name (applied now or before)."""
+    files = migration_files()
+    if through is not None and through not in {name for name, _ in files}:
         raise ValueError(f"no migration named {through!r}")
     applied_now: list[str] = []
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)
@@ -34,7 +36,7 @@ async def migrate(conn: asyncpg.Connection, through: str | None = None) -> list[
                    applied_at timestamptz NOT NULL DEFAULT now())"""
         )
         done = {r["name"] for r in await conn.fetch("SELECT name FROM schema_migrations")}
-        for name, sql in migration_files():
+        for name, sql in files:
             if name not in done:
                 async with conn.transaction():
                     await conn.execute(sql)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -24,44 +25,57 @@ BENCHMARK = "benchmark"  # this process: the load generator, or an embedded alte
 POSTGRES = "postgres"
 
 
-def _seconds(times: psutil._common.pcputimes) -> float:
+def _seconds(times: Any) -> float:
     return float(times.user + times.system)
 
 
 class CpuMeter:
-    """Cumulative CPU seconds of each part, by `read()`: subtract two readings."""
+    """Cumulative CPU seconds of each part, by `read()`: subtract two readings.
+
+    The services are this process's descendants (the stack it started), PostgreSQL the
+    embedded server on `pg_data`: its postmaster, live children and the children it reaped.
+    """
 
     def __init__(self, pg_data: Path) -> None:
         self._pg_data = pg_data
 
     def read(self) -> dict[str, float]:
+        me = psutil.Process()
         totals = dict.fromkeys([*sorted(set(SERVICES.values())), POSTGRES, BENCHMARK], 0.0)
-        totals[BENCHMARK] = _seconds(psutil.Process().cpu_times())
+        totals[BENCHMARK] = _seconds(me.cpu_times())
         totals[POSTGRES] = self._postgres()
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if len(cmdline) >= 3 and cmdline[1] == "-m" and cmdline[2] in SERVICES:
-                with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
+        for proc in me.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
+                cmdline = proc.cmdline()
+                if len(cmdline) >= 3 and cmdline[1] == "-m" and cmdline[2] in SERVICES:
                     totals[SERVICES[cmdline[2]]] += _seconds(proc.cpu_times())
         return totals
 
     def _postgres(self) -> float:
-        """The postmaster, its live children, and the children it has reaped (backends and
-        autovacuum workers that exited, counted in its children's times)."""
+        """A child reaped between reading the postmaster's reaped-children times and listing
+        its live children would be in neither: read again until the first is unchanged."""
         pid = int((self._pg_data / "postmaster.pid").read_text().split()[0])
         postmaster = psutil.Process(pid)
-        times = postmaster.cpu_times()
-        total = _seconds(times) + times.children_user + times.children_system
-        for child in postmaster.children():
-            with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
-                total += _seconds(child.cpu_times())
-        return float(total)
+        while True:
+            before = postmaster.cpu_times()
+            live = 0.0
+            for child in postmaster.children():
+                with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
+                    live += _seconds(child.cpu_times())
+            after = postmaster.cpu_times()
+            if (before.children_user, before.children_system) == (
+                after.children_user,
+                after.children_system,
+            ):
+                return float(_seconds(after) + after.children_user + after.children_system + live)
 
 
 def per_chunk_ms(
     before: dict[str, float], after: dict[str, float], chunks: int
 ) -> dict[str, float]:
     """Milliseconds of CPU a chunk, by part, and their `total`."""
-    out = {part: (after[part] - before[part]) * 1000 / max(chunks, 1) for part in after}
+    if chunks <= 0:
+        raise ValueError(f"no chunks to share the CPU among ({chunks})")
+    out = {part: (after[part] - before[part]) * 1000 / chunks for part in after}
     out["total"] = sum(out.values())
     return out

@@ -38,14 +38,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
 import gzip
 import itertools
 import json
 import platform
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +62,13 @@ from alternatives import (
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from report import plot, write
 
 from api_service import timing
 from api_service.devstack import stack_in_subprocess
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
-from memory_proto import embed_pb2, embed_pb2_grpc
+from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -238,10 +238,16 @@ async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
     return np.vstack(out).astype(np.float32)
 
 
-async def settle(pg_url: str) -> None:
-    """Wait until the outbox is empty and the term statistics match the org's size, then
-    vacuum what the growth wrote, so neither a background recount nor autovacuum runs while
-    appends and searches are timed."""
+async def settle(args: argparse.Namespace, pg_url: str, vacuum: bool = True) -> None:
+    """Wait until the outbox is empty, the term statistics match the org's size and the
+    shard is not rebuilding, then vacuum what the growth wrote, so neither a background
+    recount nor autovacuum runs while appends and searches are timed."""
+    async with grpc.aio.insecure_channel(args.index_address) as channel:
+        shard = index_pb2_grpc.IndexServiceStub(channel)
+        while True:  # an IVF rebuild the growth started
+            if not (await shard.Stats(index_pb2.StatsRequest(), timeout=60)).building:
+                break
+            await asyncio.sleep(1)
     conn = await asyncpg.connect(pg_url)
     try:
         while True:
@@ -254,9 +260,18 @@ async def settle(pg_url: str) -> None:
             ):
                 break
             await asyncio.sleep(2)
-        await conn.execute(
-            "VACUUM (ANALYZE) chunks, chunk_vectors, messages, conversations, index_outbox"
-        )
+        if vacuum:
+            await conn.execute(
+                "VACUUM (ANALYZE) chunks, chunk_vectors, messages, conversations, index_outbox"
+            )
+    finally:
+        await conn.close()
+
+
+async def checkpoint(pg_url: str) -> None:
+    conn = await asyncpg.connect(pg_url)
+    try:
+        await conn.execute("CHECKPOINT")
     finally:
         await conn.close()
 
@@ -311,7 +326,7 @@ async def measure(
     key: str,
     pg_url: str,
     save: Callable[[list[dict[str, Any]]], None],
-) -> None:
+) -> list[dict[str, Any]]:
     """Grow, time and compare at each size; `save` the rows so far after each step (a long
     run that fails late keeps what it measured)."""
     lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
@@ -325,20 +340,24 @@ async def measure(
         for size in sorted(args.sizes):
             progress(f"growing the org to {size:,} chunks")
             row: dict[str, Any] = {"system": "memory-service", "chunks": size}
+            await checkpoint(pg_url)  # earlier work's dirty pages are not the growth's
             cpu_before, chunks_before = meter.read(), growth.chunks
             row.update(await growth.to(size))
+            # The work the growth leaves behind counts, up to the vacuum: that is the
+            # benchmark's, to time a settled service.
+            await settle(args, pg_url, vacuum=False)
             cpu = per_chunk_ms(cpu_before, meter.read(), growth.chunks - chunks_before)
             row.update({f"growth_cpu_ms_per_chunk_{part}": ms for part, ms in cpu.items()})
             progress(
                 "  CPU a chunk: " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in cpu.items())
             )
-            await settle(pg_url)  # no recount or backlog under the timed appends
+            await settle(args, pg_url)  # no recount or backlog under the timed appends
             row.update(await append_latency(http, 200))
             progress(
                 f"  append p50 {row['append_p50_ms']:.1f} ms, "
                 f"{row['append_own_p50_ms']:.1f} ms the service's own"
             )
-            await settle(pg_url)
+            await settle(args, pg_url)
             figures, found = await search_latency(base_url, key, questions)
             row.update(figures)
             corpus = await stored_corpus(pg_url, with_texts=size <= args.alternatives_max)
@@ -351,10 +370,12 @@ async def measure(
             save(rows)
             if size > args.alternatives_max:
                 continue
-            for result in await alternatives(args, size, pg_url, corpus, queries, recall, meter):
-                progress(f"  {result}")
-                rows.append({**vars(result), "service_chunks": size})
-            save(rows)
+            async for results in alternatives(args, size, pg_url, corpus, queries, recall, meter):
+                for result in results:
+                    progress(f"  {result}")
+                    rows.append({**vars(result), "service_chunks": size})
+                save(rows)
+    return rows
 
 
 async def alternatives(
@@ -365,15 +386,15 @@ async def alternatives(
     queries: np.ndarray,
     recall: Recall,
     meter: CpuMeter,
-) -> list[AlternativeResult]:
-    out: list[AlternativeResult] = []
+) -> AsyncIterator[list[AlternativeResult]]:
+    """Each alternative's results, as each finishes."""
     if "pgvector" in args.alternatives:
 
         def postgres_and_client() -> float:
             parts = meter.read()
             return parts[POSTGRES] + parts[BENCHMARK]
 
-        out += await bench_pgvector(
+        yield await bench_pgvector(
             pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS, postgres_and_client
         )
     if "chroma" in args.alternatives and size <= args.chroma_max:
@@ -382,84 +403,11 @@ async def alternatives(
         def this_process() -> float:
             return meter.read()[BENCHMARK]
 
-        out.append(
-            await asyncio.to_thread(
-                bench_chroma, folder, corpus, queries, recall, progress, this_process
-            )
+        chroma = await asyncio.to_thread(
+            bench_chroma, folder, corpus, queries, recall, progress, this_process
         )
         shutil.rmtree(folder, ignore_errors=True)
-    return out
-
-
-def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{label}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
-    fields = sorted({k for r in rows for k in r})
-    with open(out / f"{label}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    plot(rows, out / f"{label}.png", f"memory service vs alternatives, {meta['machine']}")
-
-
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Search latency by size; recall against latency at the largest size; ingest rates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    service = [r for r in rows if r["system"] == "memory-service"]
-    others = [r for r in rows if r["system"] != "memory-service"]
-    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(20, 4.5))
-    sizes = [r["chunks"] for r in service]
-    for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
-        ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
-        ax1.plot(sizes, [r[f"{key}_p99_ms"] for r in service], "o--", label=f"{label} p99")
-    if all("rest_search_own_p50_ms" in r for r in service):  # results of older runs lack it
-        own = [r["rest_search_own_p50_ms"] for r in service]
-        ax1.plot(sizes, own, "^-", label="REST, service's own p50")
-    for name in sorted({r["system"] for r in others}):
-        alt = [r for r in others if r["system"] == name]
-        ax1.plot([r["chunks"] for r in alt], [r["search_p50_ms"] for r in alt], "s:", label=name)
-    ax1.set(xscale="log", yscale="log", xlabel="chunks in the org", ylabel="search ms")
-    ax1.set_title("search latency (p50 unless marked)")
-    ax1.legend(fontsize=7)
-
-    # The comparison panels are drawn at the largest size the alternatives ran at.
-    largest = max((r["service_chunks"] for r in others), default=service[-1]["chunks"])
-    at_largest = [r for r in others if r["service_chunks"] == largest]
-    top = min(service, key=lambda r: abs(r["chunks"] - largest))
-    ax2.scatter([top["mcp_search_p50_ms"]], [top["recall_at_10"]], label="memory service (MCP)")
-    for r in at_largest:
-        ax2.scatter([r["search_p50_ms"]], [r["recall_at_10"]], marker="s", label=r["system"])
-    ax2.set(xscale="log", xlabel="search p50 ms", ylabel="recall@10")
-    ax2.set_title(f"recall against latency, {top['chunks']:,} chunks")
-    ax2.legend(fontsize=7)
-
-    rates = {"memory service": top["growth_chunks_per_s"]}
-    for r in at_largest:
-        rates[r["system"].split("-ef")[0]] = r["ingest_per_second"]  # one load per system
-    ax3.bar(list(rates), list(rates.values()))
-    ax3.set(ylabel="chunks/s")
-    ax3.set_title(f"ingest, {top['chunks']:,} chunks")
-
-    # What a chunk of ingest cost in CPU: the service by part, the alternatives' loads whole.
-    parts = [k for k in top if k.startswith("growth_cpu_ms_per_chunk_") and k[24:] != "total"]
-    bottom = 0.0
-    for key in parts:  # results of older runs have none
-        ax4.bar(["memory service"], [top[key]], bottom=[bottom], label=key[24:])
-        bottom += top[key]
-    loads = {r["system"].split("-ef")[0]: r.get("ingest_cpu_ms_per_chunk") for r in at_largest}
-    for system, ms in loads.items():
-        if ms is not None:
-            ax4.bar([system], [ms], color="grey")
-    ax4.set(ylabel="CPU ms a chunk")
-    ax4.set_title(f"ingest CPU, {top['chunks']:,} chunks")
-    ax4.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        yield [chroma]
 
 
 def main() -> None:
@@ -498,17 +446,19 @@ def main() -> None:
         plot(results["rows"], args.replot.with_suffix(".png"), title)
         return
     args.embed_address = f"127.0.0.1:{args.port + 1}"
+    args.index_address = f"127.0.0.1:{args.port + 2}"
     shutil.rmtree(args.data_dir, ignore_errors=True)  # every run grows a fresh org
     progress(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
     started = time.time()
     label = f"{args.embedder}-{args.machine.replace(' ', '-').lower()}"
 
-    def save(rows: list[dict[str, Any]]) -> None:
+    def save(rows: list[dict[str, Any]], complete: bool = False) -> None:
         meta = {
             "machine": args.machine,
             "embedder": args.embedder,
             "queries": args.queries,
             "minutes": round((time.time() - started) / 60, 1),
+            "complete": complete,  # False: a run still going, or one that failed
         }
         write(rows, args.out, label, meta)
         progress(f"wrote {args.out / label}.json, .csv and .png")
@@ -516,9 +466,10 @@ def main() -> None:
     with stack_in_subprocess(args.data_dir, args.port, args.embedder) as (base_url, key):
         pg_url, server = start_embedded(args.data_dir / "postgres")
         try:
-            asyncio.run(measure(args, base_url, key, pg_url, save))
+            rows = asyncio.run(measure(args, base_url, key, pg_url, save))
         finally:
             server.cleanup()
+    save(rows, complete=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The e2e benchmark's result files: JSON, CSV and a PNG of latency, recall and ingest."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+
+def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{label}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    fields = sorted({k for r in rows for k in r})
+    with open(out / f"{label}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    title = f"memory service vs alternatives, {meta['machine']}"
+    if not meta.get("complete", True):
+        title += f" (up to {max(r['chunks'] for r in rows):,} chunks so far)"
+    plot(rows, out / f"{label}.png", title)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Search latency by size; recall against latency at the largest size; ingest rates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    service = [r for r in rows if r["system"] == "memory-service"]
+    others = [r for r in rows if r["system"] != "memory-service"]
+    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(20, 4.5))
+    sizes = [r["chunks"] for r in service]
+    for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
+        ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
+        ax1.plot(sizes, [r[f"{key}_p99_ms"] for r in service], "o--", label=f"{label} p99")
+    if all("rest_search_own_p50_ms" in r for r in service):  # results of older runs lack it
+        own = [r["rest_search_own_p50_ms"] for r in service]
+        ax1.plot(sizes, own, "^-", label="REST, service's own p50")
+    for name in sorted({r["system"] for r in others}):
+        alt = [r for r in others if r["system"] == name]
+        ax1.plot([r["chunks"] for r in alt], [r["search_p50_ms"] for r in alt], "s:", label=name)
+    ax1.set(xscale="log", yscale="log", xlabel="chunks in the org", ylabel="search ms")
+    ax1.set_title("search latency (p50 unless marked)")
+    ax1.legend(fontsize=7)
+
+    # The comparison panels are drawn at the largest size the alternatives ran at.
+    largest = max((r["service_chunks"] for r in others), default=service[-1]["chunks"])
+    at_largest = [r for r in others if r["service_chunks"] == largest]
+    top = min(service, key=lambda r: abs(r["chunks"] - largest))
+    ax2.scatter([top["mcp_search_p50_ms"]], [top["recall_at_10"]], label="memory service (MCP)")
+    for r in at_largest:
+        ax2.scatter([r["search_p50_ms"]], [r["recall_at_10"]], marker="s", label=r["system"])
+    ax2.set(xscale="log", xlabel="search p50 ms", ylabel="recall@10")
+    ax2.set_title(f"recall against latency, {top['chunks']:,} chunks")
+    ax2.legend(fontsize=7)
+
+    rates = {"memory service": top["growth_chunks_per_s"]}
+    for r in at_largest:
+        rates[r["system"].split("-ef")[0]] = r["ingest_per_second"]  # one load per system
+    ax3.bar(list(rates), list(rates.values()))
+    ax3.set(ylabel="chunks/s")
+    ax3.set_title(f"ingest, {top['chunks']:,} chunks")
+
+    # What a chunk of ingest cost in CPU: the service by part, the alternatives' loads whole.
+    prefix = "growth_cpu_ms_per_chunk_"
+    parts = [k.removeprefix(prefix) for k in top if k.startswith(prefix)]
+    bottom = 0.0
+    for part in parts:  # results of older runs have none
+        if part != "total":
+            ax4.bar(["memory service"], [top[prefix + part]], bottom=[bottom], label=part)
+            bottom += top[prefix + part]
+    loads = {r["system"].split("-ef")[0]: r.get("ingest_cpu_ms_per_chunk") for r in at_largest}
+    for system, ms in loads.items():
+        if ms is not None:
+            ax4.bar([system], [ms], color="grey")  # pgvector: PostgreSQL and its client
+    ax4.set(ylabel="CPU ms a chunk")
+    ax4.set_title(f"ingest CPU, {top['chunks']:,} chunks")
+    ax4.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

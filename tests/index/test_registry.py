@@ -1,0 +1,74 @@
+"""The Registry's locking and thread pools, without gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from index_service.main import EmptySource
+from index_service.org_index import OrgIndex
+from index_service.registry import Registry
+from tests.index.helpers import DIM, clustered
+
+
+@pytest.fixture
+def registry() -> Iterator[Registry]:
+    work = ThreadPoolExecutor(2, thread_name_prefix="test-work")
+    requests = ThreadPoolExecutor(2, thread_name_prefix="test-request")
+    yield Registry(EmptySource(DIM), work, requests, flat_threshold=1000, target_recall=0.97)
+    work.shutdown()
+    requests.shutdown()
+
+
+async def test_a_cancelled_write_keeps_its_org_locked_until_its_thread_returns(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gRPC deadline cancels the handler, not the FAISS call in its thread: until that call
+    returns, no other call may touch the org."""
+    vectors = clustered(3, seed=5)
+    await registry.upsert("org_a", 1, ["c0"], ["conv"], vectors[:1])
+    entered, release = threading.Event(), threading.Event()
+    upsert = OrgIndex.upsert
+
+    def slow_upsert(self: OrgIndex, *args: Any) -> int:
+        entered.set()
+        release.wait(10)
+        return upsert(self, *args)
+
+    monkeypatch.setattr(OrgIndex, "upsert", slow_upsert)
+    write = asyncio.create_task(registry.upsert("org_a", 1, ["c1"], ["conv"], vectors[1:2]))
+    await asyncio.to_thread(entered.wait, 10)
+    write.cancel()
+    search = asyncio.create_task(registry.search("org_a", 1, vectors[1:2], 2, []))
+    await asyncio.sleep(0.2)
+    assert not search.done()  # a request thread was free: only the lock holds it back
+
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await write
+    # The write went through in its thread; the search ran after it.
+    assert {hit.chunk_id for hit in await search} == {"c0", "c1"}
+
+
+async def test_request_sized_upserts_run_on_request_threads_and_bulk_ones_on_work(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    upsert = OrgIndex.upsert
+
+    def recording_upsert(self: OrgIndex, *args: Any) -> int:
+        threads.append(threading.current_thread().name)
+        return upsert(self, *args)
+
+    monkeypatch.setattr(OrgIndex, "upsert", recording_upsert)
+    vectors = clustered(300, seed=6).astype(np.float32)
+    ids = [f"c{i}" for i in range(300)]
+    await registry.upsert("org_a", 1, ids[:17], ["conv"] * 17, vectors[:17])
+    await registry.upsert("org_a", 1, ids, ["conv"] * 300, vectors)
+    assert [name.split("_")[0] for name in threads] == ["test-request", "test-work"]
