@@ -56,27 +56,28 @@ async def template_db(pg_server_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-@pytest.fixture
-async def database_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
-    """A fresh, fully migrated database for one test, dropped afterwards."""
+async def _scratch_database(server_url: str, template: str | None) -> AsyncIterator[str]:
+    """URL of a new database (a copy of `template`, or empty), dropped afterwards."""
     name = f"memtest_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_server_url)
+    admin = await asyncpg.connect(server_url)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-        yield _with_database(pg_server_url, name)
+        copy = f' TEMPLATE "{template}"' if template else ""
+        await admin.execute(f'CREATE DATABASE "{name}"{copy}')
+        yield _with_database(server_url, name)
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(pg_server_url: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, fully migrated database for one test, dropped afterwards."""
+    async for url in _scratch_database(pg_server_url, template_db):
+        yield url
 
 
 @pytest.fixture
 async def empty_database_url(pg_server_url: str) -> AsyncIterator[str]:
     """A database with no migration applied, dropped afterwards."""
-    name = f"memtest_empty_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_server_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield _with_database(pg_server_url, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    async for url in _scratch_database(pg_server_url, None):
+        yield url
