@@ -25,8 +25,8 @@ T = TypeVar("T")
 # a round finds at most CAUGHT_UP of them; the rest are replayed under the lock at the switch.
 CATCH_UP_ROUNDS = 5
 CAUGHT_UP = 16
-# Upserts up to this many vectors (an append's windows, the indexer's batches) run on a request
-# thread; a bulk load's larger ones on the multi-threaded pool.
+# Upserts of up to this many vectors (an append's windows) run on a request thread; larger
+# ones (an indexer batch of many appends' jobs, a bulk load) on the multi-threaded pool.
 REQUEST_SIZED_WRITE = 256
 
 
