@@ -7,7 +7,6 @@ vectors identical across processes (Python's hash() is salted per process).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -29,13 +28,12 @@ def _hashed_feature(word: str, dim: int) -> int:
     return bucket + 1 if value & 1 else -(bucket + 1)
 
 
-_cached_feature = functools.lru_cache(maxsize=1 << 18)(_hashed_feature)
-
-
-def _feature(word: str, dim: int) -> int:
-    # Words repeat, and hashing each was most of this embedder's time; long tokens (encoded
-    # blobs) rarely repeat and would fill the cache's memory.
-    return _cached_feature(word, dim) if len(word) <= 64 else _hashed_feature(word, dim)
+# Words repeat, and hashing each was most of this embedder's time: known words are looked up
+# in one pass (a map over a dict, no Python call a word). The memo is bounded, and long tokens
+# (encoded blobs) rarely repeat, so they are not kept.
+_MEMO_WORDS = 1 << 18
+_MEMO_WORD_CHARS = 64
+_PREFIX_CHARS_A_WORD = 8
 
 
 class HashingEmbedder:
@@ -44,6 +42,7 @@ class HashingEmbedder:
     def __init__(self, dim: int = 768, max_tokens: int = 384) -> None:
         self._dim = dim
         self._max_tokens = max_tokens
+        self._memo: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -64,9 +63,28 @@ class HashingEmbedder:
         """Signed feature ids of each text's lowercased words, truncated like the model."""
         out = []
         for text in texts:
-            words = _WORD.findall(text.lower())[: self._max_tokens] or [_EMPTY_WORD]
-            out.append(np.array([_feature(w, self._dim) for w in words], dtype=np.int64))
+            words = self._words(text) or [_EMPTY_WORD]
+            ids = list(map(self._memo.get, words))
+            if None in ids:
+                ids = [self._feature(w) if i is None else i for i, w in zip(ids, words)]
+            out.append(np.array(ids, dtype=np.int64))
         return out
+
+    def _words(self, text: str) -> list[str]:
+        """The first max_tokens lowercased words. A long text is split from a prefix first:
+        splitting all of it was most of the time left. Only the prefix's last word can be cut
+        short, so more than max_tokens words from it are enough."""
+        prefix = text[: self._max_tokens * _PREFIX_CHARS_A_WORD]
+        words: list[str] = _WORD.findall(prefix.lower())
+        if len(words) <= self._max_tokens and len(prefix) < len(text):
+            words = _WORD.findall(text.lower())
+        return words[: self._max_tokens]
+
+    def _feature(self, word: str) -> int:
+        feature = _hashed_feature(word, self._dim)
+        if len(word) <= _MEMO_WORD_CHARS and len(self._memo) < _MEMO_WORDS:
+            self._memo[word] = feature
+        return feature
 
     def embed(self, batch: Sequence[TokenIds]) -> Vectors:
         """Sum the signed one-hot features of each text and L2-normalize."""
@@ -75,7 +93,7 @@ class HashingEmbedder:
             vectors[row] = np.bincount(np.abs(ids) - 1, weights=np.sign(ids), minlength=self._dim)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         # Words can cancel out in one bucket pair; fall back to the empty-text vector then.
-        fallback = _feature(_EMPTY_WORD, self._dim)
+        fallback = _hashed_feature(_EMPTY_WORD, self._dim)
         for empty in np.flatnonzero(norms[:, 0] == 0):
             vectors[empty, abs(fallback) - 1] = 1.0 if fallback > 0 else -1.0
             norms[empty, 0] = 1.0

@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from embed_service.hashing import HashingEmbedder
+from embed_service.hashing import HashingEmbedder, _hashed_feature
 
 
 def _embed(texts: list[str]) -> np.ndarray:
@@ -38,3 +38,12 @@ def test_vectors_are_identical_across_processes() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout.strip()
     assert bytes.fromhex(other) == _embed(["stable across processes"]).tobytes()
+
+
+def test_long_texts_keep_their_first_words_whichever_way_they_are_split() -> None:
+    model = HashingEmbedder(max_tokens=384)
+    short_words = " ".join(f"w{i}" for i in range(2000))  # 384 words fit in the prefix
+    long_words = " ".join(f"Longerword{i:05d}" for i in range(2000))  # they do not
+    for text in (short_words, long_words):
+        expected = [_hashed_feature(w, 768) for w in text.lower().split()[:384]]
+        assert model.tokenize([text])[0].tolist() == expected
