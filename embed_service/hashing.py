@@ -66,7 +66,9 @@ class HashingEmbedder:
             words = self._words(text) or [_EMPTY_WORD]
             ids = list(map(self._memo.get, words))
             if None in ids:
-                ids = [self._feature(w) if i is None else i for i, w in zip(ids, words)]
+                ids = [
+                    self._feature(w) if i is None else i for i, w in zip(ids, words, strict=True)
+                ]
             out.append(np.array(ids, dtype=np.int64))
         return out
 

@@ -29,12 +29,13 @@ from api_service.store.db import Conn
 EXACT_BELOW = 5_000
 EXACT_CAP = 500
 MATCH_BUDGET = 200
-# Term statistics are recounted once the org's chunk count has moved this far from the count
-# they were taken at. Document frequencies that grow with the org change BM25's word weights
-# little; each recount reads the whole org, so over its growth the recounts read about
-# (1 + 1 / STATS_DRIFT) times its final size: at 0.1 they were 12% of the machine while an
-# org grew past 60k chunks.
-STATS_DRIFT = 0.25
+# Term statistics are recounted once the org's chunk count has grown or shrunk by a factor of
+# (1 + STATS_DRIFT) since they were taken. Each recount reads the whole org, so over its growth
+# the recounts read about (1 + 1 / STATS_DRIFT) times its final size: at 0.25 they were 5% of
+# the machine while an org grew to 100k chunks. Recounting at each doubling changes little:
+# BM25 weighs a word by the share of the org's chunks that hold it, which an org growing alike
+# keeps.
+STATS_DRIFT = 1.0
 
 
 async def search(
@@ -88,8 +89,13 @@ async def keep_stats(conn: Conn, org_id: str) -> None:
     if count < EXACT_BELOW:
         if taken is not None:
             await conn.execute("DELETE FROM lexical_stats WHERE org_id = $1", org_id)  # cascades
-    elif taken is None or abs(count - taken) > STATS_DRIFT * taken:
+    elif taken is None or stats_drifted(count, taken):
         await refresh_stats(conn, org_id)
+
+
+def stats_drifted(count: int, taken: int) -> bool:
+    """Whether an org of `count` chunks needs the term statistics taken at `taken` recounted."""
+    return not taken / (1 + STATS_DRIFT) <= count <= taken * (1 + STATS_DRIFT)
 
 
 async def refresh_stats(conn: Conn, org_id: str) -> bool:

@@ -254,9 +254,8 @@ async def settle(args: argparse.Namespace, pg_url: str, vacuum: bool = True) -> 
             pending = await conn.fetchval("SELECT count(*) FROM index_outbox")
             chunks = await conn.fetchval("SELECT count(*) FROM chunks")
             counted = await conn.fetchval("SELECT max(chunks) FROM lexical_stats") or 0
-            drift = abs(chunks - counted)
             if pending == 0 and (
-                chunks < lexical.EXACT_BELOW or drift <= lexical.STATS_DRIFT * counted
+                chunks < lexical.EXACT_BELOW or not lexical.stats_drifted(chunks, counted)
             ):
                 break
             await asyncio.sleep(2)

@@ -107,6 +107,16 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_big'") == 0
 
 
+def test_term_statistics_are_recounted_once_the_org_doubles_or_halves() -> None:
+    taken = 10_000
+    assert not lexical.stats_drifted(taken, taken)
+    assert not lexical.stats_drifted(2 * taken, taken)
+    assert not lexical.stats_drifted(taken // 2, taken)
+    assert lexical.stats_drifted(2 * taken + 1, taken)
+    assert lexical.stats_drifted(taken // 2 - 1, taken)
+    assert lexical.stats_drifted(1, 0)  # never counted
+
+
 async def test_an_orgs_term_statistics_go_with_it(conn: asyncpg.Connection) -> None:
     await _seed(conn, "org_gone", {"conv": [f"{FILLER}; {i}" for i in range(100)]})
     assert await lexical.refresh_stats(conn, "org_gone")
