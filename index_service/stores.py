@@ -210,6 +210,12 @@ def nlist_for(n: int) -> int:
     return int(max(16, 2 ** round(math.log2(4 * math.sqrt(max(n, 1))))))
 
 
+# k-means training of the coarse quantizer: sample points per list, and iterations. Fewer
+# points a list made calibration settle on a smaller nprobe with lower recall of LongMemEval
+# questions (0.934-0.937 against 0.96, at 27k chunks, in two seeds of three); 6 iterations
+# instead of 10 found the same nprobe and recall, with 40% less training.
+TRAIN_POINTS_PER_LIST = 32
+TRAIN_ITERATIONS = 6
 # nprobe values tried in calibration, about 1.5x apart; at least MIN_NPROBE lists are probed.
 NPROBE_STEPS = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 MIN_NPROBE = 8
@@ -228,11 +234,11 @@ def build_ivf(labels: Labels, vectors: Matrix, target_recall: float, seed: int =
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     index.cp.spherical = True  # centroids on the unit sphere suit inner product
-    index.cp.niter = 10
+    index.cp.niter = TRAIN_ITERATIONS
     index.cp.seed = seed
     index.cp.min_points_per_centroid = 5  # small orgs have thin lists; that is fine
     rng = np.random.default_rng(seed)
-    sample_size = min(n, nlist * 32)
+    sample_size = min(n, nlist * TRAIN_POINTS_PER_LIST)
     sample = vectors if sample_size == n else vectors[np.sort(rng.choice(n, sample_size, False))]
     index.train(sample)
     index.set_direct_map_type(faiss.DirectMap.Hashtable)
@@ -259,15 +265,13 @@ def _calibrate(
     on LongMemEval questions and chunks, benchmarks/index/recall_text.py); queries closer to
     the data than that make recall look better than it is and pick too small an nprobe.
     """
-    n, dim = vectors.shape
-    exact = faiss.IndexFlatIP(dim)
-    exact.add(vectors)
+    n = vectors.shape[0]
     anchors = vectors[rng.choice(n, min(100, n), replace=False)]
-    _, neighbours = exact.search(anchors, k)
+    _, neighbours = _exact(anchors, vectors, k)
     topical = vectors[neighbours].mean(axis=1)
     topical /= np.linalg.norm(topical, axis=1, keepdims=True)
     queries = np.concatenate([_noisy(anchors, QUERY_COSINE, rng), _noisy(topical, 0.8, rng)])
-    best, _ = exact.search(queries, k)
+    best, _ = _exact(queries, vectors, k)
     kth_best = best[:, -1:]
     for nprobe in (*(s for s in NPROBE_STEPS if s < store.nlist), store.nlist):
         store.nprobe = max(MIN_NPROBE, nprobe)
@@ -275,6 +279,13 @@ def _calibrate(
         if _recall(scores, found, kth_best) >= target:
             break
     return store.nprobe
+
+
+def _exact(queries: Matrix, vectors: Matrix, k: int) -> tuple[Matrix, Labels]:
+    """Exact top-k inner products, scored on `vectors` where they lie: a flat index would
+    copy them first (3 GB at 1M vectors, beside the index being built)."""
+    scores, rows = faiss.knn(queries, vectors, k, faiss.METRIC_INNER_PRODUCT)
+    return scores, rows
 
 
 def _noisy(rows: Matrix, cosine: float, rng: np.random.Generator) -> Matrix:
