@@ -32,7 +32,7 @@ MATCH_BUDGET = 200
 # Term statistics are recounted once the org's chunk count has grown or shrunk by a factor of
 # (1 + STATS_DRIFT) since they were taken. Each recount reads the whole org, so over its growth
 # the recounts read about (1 + 1 / STATS_DRIFT) times its final size: at 0.25 they were 5% of
-# the machine while an org grew to 100k chunks. Recounting at each doubling changes little:
+# the machine while an org grew from 20k to 45k chunks. Recounting at each doubling changes little:
 # BM25 weighs a word by the share of the org's chunks that hold it, which an org growing alike
 # keeps.
 STATS_DRIFT = 1.0
