@@ -1,5 +1,9 @@
 """What a user would run instead of this service: pgvector HNSW in PostgreSQL, or embedded Chroma.
 
+pgvector runs twice: bare (vectors only), and with the full-text index the service's hybrid
+REST search needs (a generated `to_tsvector('english', text)` column and its GIN index), so
+the service's ingest can be read against both the least a user could store and the like.
+
 Both get the same chunks, vectors and queries as the service, are loaded the way a live system
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
 from as many connections as the service has clients, Chroma's embedded client from one), and
@@ -124,12 +128,15 @@ async def bench_pgvector(
     progress: Callable[[str], None],
     writers: int,
     cpu_seconds: Callable[[], float],
+    full_text: bool = False,
 ) -> list[AlternativeResult]:
     """pgvector HNSW (inner product on unit vectors, pgvector's default build settings), one
-    result per ef_search in EF_SEARCH. `writers` connections load it at once, as the service's
-    clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL (all of it: an idle
-    stack's polling on the same server counts too) and this process, the client."""
+    result per ef_search in EF_SEARCH; with `full_text`, the chunks' English full text is
+    indexed too (GIN), as hybrid search needs. `writers` connections load it at once, as the
+    service's clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL (all of it: an
+    idle stack's polling on the same server counts too) and this process, the client."""
     n, dim = corpus.vectors.shape
+    name = "pgvector-hnsw-fts" if full_text else "pgvector-hnsw"
     conn = await _vector_connection(pg_url, dim)
     try:
         await conn.execute("DROP TABLE IF EXISTS alt_chunks")
@@ -137,13 +144,19 @@ async def bench_pgvector(
             "CREATE TABLE alt_chunks (id text PRIMARY KEY, conversation_id text NOT NULL,"
             f" text text NOT NULL, embedding vector({dim}) NOT NULL)"
         )
+        if full_text:
+            await conn.execute(
+                "ALTER TABLE alt_chunks ADD COLUMN text_search tsvector"
+                " GENERATED ALWAYS AS (to_tsvector('english', text)) STORED"
+            )
+            await conn.execute("CREATE INDEX ON alt_chunks USING gin (text_search)")
         # Before the load, as in a live system: each COPY pays for inserting into the graph.
         await conn.execute(
             "CREATE INDEX ON alt_chunks USING hnsw (embedding vector_ip_ops)"
             f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})"
         )
 
-        report = _LoadProgress("pgvector-hnsw", n, progress)
+        report = _LoadProgress(name, n, progress)
         loaded = 0
 
         async def write(writer: Any, first_batch: int) -> None:
@@ -200,9 +213,9 @@ async def bench_pgvector(
             notes = (
                 f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
                 f"ef_search={ef_search}; index built before load; {writers} writers, "
-                f"COPY batches of {BATCH}"
+                f"COPY batches of {BATCH}" + ("; english full text, GIN" if full_text else "")
             )
-            system = f"pgvector-hnsw-ef{ef_search}"
+            system = f"{name}-ef{ef_search}"
             results.append(_result(system, n, ingest, samples, recall(found), notes))
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:

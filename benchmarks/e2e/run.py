@@ -18,7 +18,8 @@ conversations, repeated under new conversation ids. At each size it measures:
   the service's Server-Timing total (`server`, query embedding included) and as its `own`
   time; and the vector ranking's recall@10 against exact search over the org's stored vectors;
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
-  pgvector (HNSW, in the same PostgreSQL server) and Chroma, and asked the same query vectors
+  pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
+  service's hybrid search needs) and Chroma, and asked the same query vectors
   (benchmarks/e2e/alternatives.py), with the CPU their loads cost a chunk.
 
 Before the timed appends and searches it waits for the outbox to drain and the term
@@ -387,15 +388,23 @@ async def alternatives(
     meter: CpuMeter,
 ) -> AsyncIterator[list[AlternativeResult]]:
     """Each alternative's results, as each finishes."""
-    if "pgvector" in args.alternatives:
 
-        def postgres_and_client() -> float:
-            parts = meter.read()
-            return parts[POSTGRES] + parts[BENCHMARK]
+    def postgres_and_client() -> float:
+        parts = meter.read()
+        return parts[POSTGRES] + parts[BENCHMARK]
 
-        yield await bench_pgvector(
-            pg_url, corpus, queries, recall, progress, GROWTH_CLIENTS, postgres_and_client
-        )
+    for variant in ("pgvector", "pgvector-fts"):
+        if variant in args.alternatives:
+            yield await bench_pgvector(
+                pg_url,
+                corpus,
+                queries,
+                recall,
+                progress,
+                GROWTH_CLIENTS,
+                postgres_and_client,
+                full_text=variant == "pgvector-fts",
+            )
     if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
 
@@ -419,7 +428,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200, help="search questions per size")
     parser.add_argument("--embedder", choices=["hashing", "transformer"], default="hashing")
     parser.add_argument(
-        "--alternatives", nargs="*", default=["pgvector", "chroma"], choices=["pgvector", "chroma"]
+        "--alternatives",
+        nargs="*",
+        default=["pgvector", "pgvector-fts", "chroma"],
+        choices=["pgvector", "pgvector-fts", "chroma"],
+        help="pgvector-fts: pgvector with the full-text index hybrid search needs",
     )
     parser.add_argument(
         "--alternatives-max", type=int, default=1_000_000, help="largest size to compare at"

