@@ -22,6 +22,20 @@ def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any
     plot(rows, out / f"{label}.png", title)
 
 
+# How the alternatives are named in the plot; pgvector runs at several ef_search values
+# (`<system>-ef<n>`), of which the latency panel shows EF_SHOWN.
+NAMES = {
+    "pgvector-hnsw": "pgvector",
+    "pgvector-hnsw-fts": "pgvector + full text",
+    "chroma": "Chroma",
+}
+EF_SHOWN = "-ef100"
+
+
+def _family(system: str) -> str:
+    return NAMES.get(system.split("-ef")[0], system.split("-ef")[0])
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Search latency by size; recall against latency at the largest size; ingest rates."""
     import matplotlib
@@ -39,9 +53,13 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     if all("rest_search_own_p50_ms" in r for r in service):  # results of older runs lack it
         own = [r["rest_search_own_p50_ms"] for r in service]
         ax1.plot(sizes, own, "^-", label="REST, service's own p50")
-    for name in sorted({r["system"] for r in others}):
-        alt = [r for r in others if r["system"] == name]
-        ax1.plot([r["chunks"] for r in alt], [r["search_p50_ms"] for r in alt], "s:", label=name)
+    for family in sorted({_family(r["system"]) for r in others}):
+        alt = [r for r in others if _family(r["system"]) == family]
+        shown = [r for r in alt if r["system"].endswith(EF_SHOWN)] or alt
+        label = family + (f" ({EF_SHOWN[1:]})" if shown is not alt else "")
+        ax1.plot(
+            [r["chunks"] for r in shown], [r["search_p50_ms"] for r in shown], "s:", label=label
+        )
     ax1.set(xscale="log", yscale="log", xlabel="chunks in the org", ylabel="search ms")
     ax1.set_title("search latency (p50 unless marked)")
     ax1.legend(fontsize=7)
@@ -51,16 +69,22 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     at_largest = [r for r in others if r["service_chunks"] == largest]
     top = min(service, key=lambda r: abs(r["chunks"] - largest))
     ax2.scatter([top["mcp_search_p50_ms"]], [top["recall_at_10"]], label="memory service (MCP)")
-    for r in at_largest:
-        ax2.scatter([r["search_p50_ms"]], [r["recall_at_10"]], marker="s", label=r["system"])
+    for family in sorted({_family(r["system"]) for r in at_largest}):
+        points = sorted(
+            (r["search_p50_ms"], r["recall_at_10"])
+            for r in at_largest
+            if _family(r["system"]) == family
+        )
+        ax2.plot(*zip(*points, strict=True), "s-", label=family)  # one point per ef_search
     ax2.set(xscale="log", xlabel="search p50 ms", ylabel="recall@10")
     ax2.set_title(f"recall against latency, {top['chunks']:,} chunks")
     ax2.legend(fontsize=7)
 
     rates = {"memory service": top["growth_chunks_per_s"]}
     for r in at_largest:
-        rates[r["system"].split("-ef")[0]] = r["ingest_per_second"]  # one load per system
+        rates[_family(r["system"])] = r["ingest_per_second"]  # one load per system
     ax3.bar(list(rates), list(rates.values()))
+    ax3.tick_params(axis="x", labelrotation=15)
     ax3.set(ylabel="chunks/s")
     ax3.set_title(f"ingest, {top['chunks']:,} chunks")
 
@@ -72,11 +96,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         if part != "total":
             ax4.bar(["memory service"], [top[prefix + part]], bottom=[bottom], label=part)
             bottom += top[prefix + part]
-    loads = {r["system"].split("-ef")[0]: r.get("ingest_cpu_ms_per_chunk") for r in at_largest}
+    loads = {_family(r["system"]): r.get("ingest_cpu_ms_per_chunk") for r in at_largest}
     for system, ms in loads.items():
         if ms is not None:
             ax4.bar([system], [ms], color="grey")  # pgvector: PostgreSQL and its client
     ax4.set(ylabel="CPU ms a chunk")
+    ax4.tick_params(axis="x", labelrotation=15)
     ax4.set_title(f"ingest CPU, {top['chunks']:,} chunks")
     ax4.legend(fontsize=7)
     fig.suptitle(title)
