@@ -78,3 +78,34 @@ def test_fused_attention_matches_transformers(real_model: TransformerEmbedder) -
         fused = mpnet_sdpa.encode(real_model.model, input_ids, mask)
     real = mask.unsqueeze(-1).bool().expand_as(eager)
     torch.testing.assert_close(fused[real], eager[real], atol=1e-4, rtol=1e-4)
+
+
+def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEmbedder) -> None:
+    """A long text is tokenized from a prefix of whole words first; the ids must be those of
+    the text itself, whether that prefix holds 384 tokens or too few, or cannot be cut."""
+    from tokenizers import Tokenizer
+
+    from embed_service.assembly import ensure_model_folder
+    from embed_service.model import _CLIP_CHARS, _PREFIX_CHARS
+    from tests.embed.conftest import REPO_ROOT
+
+    reference = Tokenizer.from_file(
+        str(ensure_model_folder(REPO_ROOT / "var" / "models") / "tokenizer.json")
+    )
+    reference.no_padding()
+    reference.enable_truncation(max_length=MAX_TOKENS)
+    line = "[user]: I moved to Lisbon last spring, near the river.\n[assistant]: How is it? "
+    texts = [
+        line * 100,  # the prefix holds 384 tokens
+        ("x" * 150 + " ") * 100,  # one [UNK] a word: the prefix holds too few
+        "École Über Straße naïve Σίσυφος " * 300,
+        "https://example.com/a/b?c=d&e=f " * 300,
+        "a" * 10_000,  # nowhere to cut
+        "東京都" * 3_000,  # a token a character, and no spaces
+        "w " * (_PREFIX_CHARS // 2),  # exactly the prefix's length
+        "w " * (_PREFIX_CHARS // 2) + "w",
+        ("word " * 2_000)[: _CLIP_CHARS + 500],
+        "short",
+    ]
+    expected = [e.ids for e in reference.encode_batch([t[:_CLIP_CHARS] for t in texts])]
+    assert [list(ids) for ids in real_model.tokenize(texts)] == expected
