@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from embed_service import mpnet_sdpa
 from embed_service.assembly import MODEL_NAME
@@ -30,11 +30,14 @@ MAX_TOKENS = 384
 # keeps a megabyte-long input from costing a megabyte of tokenization.
 _CLIP_CHARS = 64 * MAX_TOKENS
 # Tokenizing costs time in a text's length, and the model reads only its first 384 tokens. A
-# text is tokenized first from a prefix of whole words, cut at whitespace: the normalizer acts
-# on each character alone and the pre-tokenizer splits words at whitespace, so that prefix's
-# tokens begin the text's own. Only a prefix that yields fewer than 384 tokens is tokenized
-# again, from the first _CLIP_CHARS. LongMemEval windows of 5 messages (5 KB) took 2.6-3.0 ms
-# of CPU each, and 1.6-1.9 ms so (benchmarks/embed/bench_tokenize.py).
+# text is tokenized first from a prefix of whole words, cut before a space or line break. The
+# BERT normalizer changes characters in place (lower-casing; combining marks never move across
+# a space) and the BERT pre-tokenizer splits words at whitespace, so that prefix's tokens are
+# the whole text's first tokens. A prefix that yields fewer than 384 tokens is tokenized again,
+# from the first _CLIP_CHARS: at most _PREFIX_CHARS characters more work, for texts of long
+# words or of few spaces. LongMemEval windows of 5 messages (median 4,970 characters) took
+# 3.0-3.5 ms of CPU each outright and 1.8-2.0 ms with the prefix
+# (benchmarks/embed/bench_tokenize.py). A tokenizer of other kinds tokenizes outright.
 _PREFIX_CHARS = 8 * MAX_TOKENS
 
 
@@ -82,6 +85,11 @@ class TransformerEmbedder:
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        self._cuts_at_whitespace = (
+            isinstance(self._tokenizer.normalizer, normalizers.BertNormalizer)
+            and isinstance(self._tokenizer.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+            and isinstance(self._tokenizer.model, models.WordPiece)
+        )
         pad_id = self._tokenizer.token_to_id("<pad>")
         self._pad_id = 1 if pad_id is None else pad_id
         model: Any = AutoModel.from_pretrained(folder, local_files_only=True, dtype=dtype)
@@ -124,7 +132,7 @@ class TransformerEmbedder:
 
     def tokenize(self, texts: Sequence[str]) -> list[TokenIds]:
         """Token ids with <s> and </s>, truncated to 384 tokens; thread-safe."""
-        prefixes = [_word_prefix(t) for t in texts]
+        prefixes = [_word_prefix(t) if self._cuts_at_whitespace else None for t in texts]
         encodings = self._tokenizer.encode_batch(
             [t[:_CLIP_CHARS] if p is None else p for t, p in zip(texts, prefixes, strict=True)]
         )

