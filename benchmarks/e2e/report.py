@@ -33,7 +33,8 @@ EF_SHOWN = "-ef100"
 
 
 def _family(system: str) -> str:
-    return NAMES.get(system.split("-ef")[0], system.split("-ef")[0])
+    base = system.split("-ef")[0]
+    return NAMES.get(base, base)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
