@@ -185,14 +185,15 @@ async def resolve(
     default_plan: PlanLimits | None = None,
     now: datetime | None = None,
     cache: KeyCache | None = None,
+    lookup: bool = True,
 ) -> Principal:
     """The principal for an Authorization header; 401 for a missing or unknown key, 403 for an
     expired or revoked one. The org's plan, or `default_plan`, comes in the same query, or from
-    `cache`."""
+    `cache`; with `lookup` False only from `cache` (a key it does not hold gets 401)."""
     token = bearer_token(authorization)
     digest = hash_key(token)
     found = cache.get(digest) if cache is not None else None
-    if found is None:
+    if found is None and lookup:
         generation = cache.generation if cache is not None else 0
         found = await admin.key_by_hash(pool, digest)
         if found is not None and cache is not None:
@@ -215,9 +216,9 @@ async def resolve(
 
 
 class FailedAuthThrottle:
-    """Slows key guessing: a client (IP address) with `max_failures` failed authentications
-    within `window_seconds` is refused with 429 until the oldest failure leaves the window,
-    without a database lookup."""
+    """Slows key guessing: a client (IP address) with `max_failures` unknown keys within
+    `window_seconds` has no key looked up until the oldest failure leaves the window (the
+    middleware answers 401 with Retry-After, and lets keys the cache holds through)."""
 
     def __init__(
         self,

@@ -46,11 +46,12 @@ class EmbedClient:
         )
         self._timeout = timeout
 
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        """One L2-normalized float32 row per text, in order."""
+    async def embed(self, texts: Sequence[str], timeout: float | None = None) -> Vectors:
+        """One L2-normalized float32 row per text, in order; `timeout` replaces the client's
+        deadline."""
         with timing.part("embed"):
             reply = await self._stub.Embed(
-                embed_pb2.EmbedRequest(texts=list(texts)), timeout=self._timeout
+                embed_pb2.EmbedRequest(texts=list(texts)), timeout=timeout or self._timeout
             )
         vectors = np.frombuffer(reply.vectors, dtype="<f4").astype(np.float32, copy=False)
         return vectors.reshape(len(texts), reply.dim)

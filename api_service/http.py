@@ -11,7 +11,6 @@ import asyncpg
 
 from api_service import auth, timing
 from api_service.core.errors import (
-    Forbidden,
     PayloadTooLarge,
     RateLimited,
     ServiceError,
@@ -33,8 +32,7 @@ async def send_error(send: Send, error: ServiceError) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    if isinstance(error, RateLimited):
-        headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
+    headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -114,24 +112,33 @@ class GuardMiddleware:
         await self.app(scope, receive, send_with_headers)
 
     async def _authenticate(self, headers: dict[bytes, bytes], client: str) -> auth.Principal:
-        """The caller's principal; failures count toward the client's throttle."""
+        """The caller's principal. Unknown keys count toward the client's throttle; while it is
+        throttled only keys the cache holds (known valid) are looked at, and every other one
+        gets 401 with Retry-After, without a database lookup. Expired and revoked keys are
+        real keys, not guesses, and do not count."""
         wait = self._throttle.retry_after(client)
-        if wait > 0:
-            seconds = str(max(1, round(wait)))
-            raise RateLimited(
-                f"Too many failed authentication attempts; retry in {seconds}s",
-                {"Retry-After": seconds},
-            )
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
             with timing.part("auth"):
                 return await auth.resolve(
-                    self._pool_of(), authorization, self._default_plan, cache=self._key_cache
+                    self._pool_of(),
+                    authorization,
+                    self._default_plan,
+                    cache=self._key_cache,
+                    lookup=wait <= 0,
                 )
         except Exception as exc:
             error = classify(exc)
-            if isinstance(error, Unauthorized | Forbidden):
-                self._throttle.failed(client)
+            if not isinstance(error, Unauthorized):
+                raise error from None
+            if wait > 0:
+                seconds = str(max(1, round(wait)))
+                raise Unauthorized(
+                    "Unauthorized: too many failed authentication attempts from this address; "
+                    f"retry in {seconds}s",
+                    {"Retry-After": seconds},
+                ) from None
+            self._throttle.failed(client)
             raise error from None
 
     def _too_large(self) -> PayloadTooLarge:

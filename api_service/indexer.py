@@ -76,10 +76,16 @@ class Indexer:
     lease_seconds = float(LEASE_SECONDS)
 
     def __init__(
-        self, pool: asyncpg.Pool, embedder: EmbedClient, index: IndexRouter, batch_size: int = 64
+        self,
+        pool: asyncpg.Pool,
+        embedder: EmbedClient,
+        index: IndexRouter,
+        batch_size: int = 64,
+        embed_timeout: float | None = None,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
+        self._embed_timeout = embed_timeout  # None: the client's deadline
         self._index = index
         self._batch_size = batch_size
         self._embed_size = batch_size  # texts per embedding call; smaller after a deadline
@@ -132,7 +138,7 @@ class Indexer:
 
     async def _embed_call(self, texts: Sequence[str]) -> Vectors:
         try:
-            return await self._embedder.embed(texts)
+            return await self._embedder.embed(texts, self._embed_timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or len(texts) == 1:
                 raise
@@ -237,12 +243,18 @@ class Indexer:
                 self._wake.clear()
 
     async def run_once(self) -> bool:
-        """Lease and process one batch of due jobs; False when none was due."""
+        """Lease and process one batch of due jobs; False when none was due.
+
+        A batch can outlast its lease (the model on a CPU embeds a chunk or two a second): each
+        half lease, the jobs done so far are closed and the rest leased again, so another
+        replica neither waits for the whole batch nor takes its jobs and embeds them twice."""
         jobs = await self._lease()
         if not jobs:
             return False
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + LEASE_SECONDS / 2
         done, embedded = [], []
-        for job in jobs:
+        for number, job in enumerate(jobs, start=1):
             try:
                 if job.kind == "delete":
                     await self._index.delete_conversation(job.org_id, job.conversation_id)
@@ -252,11 +264,30 @@ class Indexer:
                 await self._retry_later(job, exc)
             else:
                 done.append(job)
+            if loop.time() >= renew_at and number < len(jobs):
+                if done:
+                    await self._finish(done, embedded)
+                    self._announce_progress()
+                    done, embedded = [], []
+                await self._renew([j.job_id for j in jobs[number:]])
+                renew_at = loop.time() + LEASE_SECONDS / 2
         if done:
             await self._finish(done, embedded)
+        self._announce_progress()
+        return True
+
+    def _announce_progress(self) -> None:
+        """Wake `wait_done`'s waiters to look again."""
         self._progress.set()
         self._progress = asyncio.Event()
-        return True
+
+    async def _renew(self, job_ids: list[int]) -> None:
+        await self._pool.execute(
+            "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2) "
+            "WHERE job_id = ANY($1::bigint[])",
+            job_ids,
+            LEASE_SECONDS,
+        )
 
     async def _keep_term_stats(self) -> None:
         while True:
@@ -383,7 +414,7 @@ class Indexer:
             job.job_id,
             job.kind,
             job.attempts,
-            type(exc).__name__,
+            _reason(exc),
             delay,
         )
         await self._pool.execute(
@@ -393,3 +424,10 @@ class Indexer:
             delay,
             f"{type(exc).__name__}: {exc}"[:500],
         )
+
+
+def _reason(exc: Exception) -> str:
+    """What failed, for the log: the exception's type, and a gRPC call's status code."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{type(exc).__name__} {exc.code().name}"
+    return type(exc).__name__

@@ -96,7 +96,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
             pool = await create_pool(url, settings.db_pool_min, settings.db_pool_max)
             embedder = EmbedClient(settings.embed_address, settings.grpc_timeout_seconds)
             index = IndexRouter(settings.index_shards, settings.grpc_timeout_seconds)
-            indexer = Indexer(pool, embedder, index, settings.indexer_batch_size)
+            indexer = Indexer(
+                pool,
+                embedder,
+                index,
+                settings.indexer_batch_size,
+                settings.embed_index_timeout_seconds,
+            )
             if settings.indexer_enabled:
                 indexer.start()
             runtime.pool, runtime.embedder, runtime.index = pool, embedder, index
@@ -136,6 +142,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         lifespan=lifespan,
     )
     rest_errors.install(app)
+    _describe_as_served(app)
     for router in (conversations.router, messages.router, search.router, usage.router):
         app.include_router(router, prefix=API_PREFIX)
     _add_operations(app, runtime)
@@ -160,6 +167,34 @@ def create_app(settings: ApiSettings) -> FastAPI:
         )
     app.mount("/", mcp_app)  # last: serves /mcp; every other path is matched above first
     return app
+
+
+def _describe_as_served(app: FastAPI) -> None:
+    """Make the OpenAPI document say what the service does: a request that fails validation
+    gets 400 (rest/errors.py), never FastAPI's 422, and every operation takes an API key as
+    a bearer token (GuardMiddleware)."""
+    generate = app.openapi
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema["components"]["schemas"].pop(name, None)
+        schema["components"]["securitySchemes"] = {
+            "apiKey": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key (`cmk_...`) from `memctl key create`.",
+            }
+        }
+        schema["security"] = [{"apiKey": []}]
+        return schema
+
+    app.openapi = document  # type: ignore[method-assign]
 
 
 def _add_operations(app: FastAPI, runtime: Runtime) -> None:

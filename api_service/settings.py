@@ -47,6 +47,10 @@ class ApiSettings(BaseSettings):
         default_factory=lambda: ["127.0.0.1:50061"]
     )
     grpc_timeout_seconds: float = 10.0
+    # The deadline of the embedding calls that index chunks. Nobody waits on them past an
+    # append's own wait (below), so it is long: on a slow model (a CPU) a queue of work is
+    # finished rather than thrown away at the deadline and embedded again.
+    embed_index_timeout_seconds: float = 120.0
     # How long an append waits for its own chunks to be indexed before answering anyway.
     append_index_wait_seconds: float = 10.0
     indexer_enabled: bool = True

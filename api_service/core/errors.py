@@ -11,14 +11,16 @@ log = logging.getLogger(__name__)
 
 
 class ServiceError(Exception):
-    """An anticipated failure with a message safe to show the caller."""
+    """An anticipated failure with a message safe to show the caller, and any response
+    headers it needs (`Retry-After`, the rate-limit headers)."""
 
     status: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.headers = headers or {}
 
 
 class InvalidInput(ServiceError):
@@ -54,10 +56,6 @@ class PayloadTooLarge(ServiceError):
 class RateLimited(ServiceError):
     status = 429
     code = "rate_limited"
-
-    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.headers = headers or {}
 
 
 class Unavailable(ServiceError):

@@ -71,6 +71,12 @@ class MemoryService:
         validation.text("agent_id", agent_id, limits.agent_id_chars)
         clean_tags = validation.tags("tags", tags, limits)
         validation.metadata("metadata", metadata, limits)
+        # The free text is redacted as messages are; ids and tags are kept as given, for
+        # filters to find them.
+        redactor = Redactor(pii=who.redact_pii)
+        if title is not None:
+            title = redactor.redact(title)[0]
+        metadata = redactor.redact_value(metadata)
         conversation_id = new_id("conv")
         size = validation.stored_bytes(title, agent_id, metadata)
         async with self._pool.acquire() as conn, conn.transaction():

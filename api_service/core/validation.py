@@ -13,14 +13,14 @@ from api_service.settings import Limits
 from api_service.store.records import NewMessage
 
 ROLES = ("user", "assistant", "system", "tool")
-_TAG = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_TAG = re.compile(r"[A-Za-z0-9_.:-]+")
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 METADATA_MAX_DEPTH = 32
 
 
 def is_id(value: str) -> bool:
     """Whether `value` has the shape of an id this service issues (`conv_...`, `msg_...`)."""
-    return bool(_ID.match(value))
+    return bool(_ID.fullmatch(value))
 
 
 def text(name: str, value: str | None, max_chars: int, *, required: bool = False) -> str | None:
@@ -53,7 +53,7 @@ def tags(name: str, values: Sequence[str] | None, limits: Limits) -> list[str]:
     if len(values) > limits.tags:
         raise InvalidInput(f"{name} holds more than {limits.tags} tags")
     for tag in values:
-        if len(tag) > limits.tag_chars or not _TAG.match(tag):
+        if len(tag) > limits.tag_chars or not _TAG.fullmatch(tag):
             raise InvalidInput(
                 f"{name}: each tag is 1 to {limits.tag_chars} characters of A-Z a-z 0-9 _ . : -"
             )

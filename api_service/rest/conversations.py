@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Body, Query
 
 from api_service.core.memory import MAX_OFFSET
 from api_service.rest import schemas
@@ -23,8 +23,12 @@ def split_tags(tags: str | None) -> list[str] | None:
 
 @router.post("", status_code=201, response_model=schemas.ConversationCreated)
 async def create_conversation(
-    body: schemas.CreateConversationBody, who: Caller, memory: Memory
+    who: Caller,
+    memory: Memory,
+    # Every field is optional, so the body may be left out.
+    body: Annotated[schemas.CreateConversationBody | None, Body()] = None,
 ) -> dict[str, Any]:
+    body = body or schemas.CreateConversationBody()
     return await memory.create_conversation(
         who, title=body.title, agent_id=body.agent_id, tags=body.tags, metadata=body.metadata
     )

@@ -13,7 +13,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api_service.core.errors import (
     DEPENDENCY_ERRORS,
     InvalidInput,
-    RateLimited,
     ServiceError,
     classify,
 )
@@ -37,9 +36,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def error_response(error: ServiceError) -> JSONResponse:
-    headers = error.headers if isinstance(error, RateLimited) else None
     return JSONResponse(
-        {"error": error.message, "code": error.code}, status_code=error.status, headers=headers
+        {"error": error.message, "code": error.code},
+        status_code=error.status,
+        headers=error.headers or None,
     )
 
 

@@ -293,6 +293,16 @@ async def touch_conversation(
     )
 
 
+# A tsvector holds at most 1 MB of lexemes and positions, and five messages' full text joined
+# can pass that (five 100k-character messages of distinct CJK words do): the append would
+# fail. A word's lexeme and position take at most about twice its text (a one-character CJK
+# word and its space: 4 bytes of text, 8 of tsvector), so a window of up to 400 KB joins its
+# messages' full text safely; a larger one (rare) has its first 100k characters parsed instead
+# (at most 4.5 bytes of tsvector a character), and its words past that are left out of it.
+_JOINED_FULL_TEXT_BYTES = 400_000
+_CAPPED_FULL_TEXT_CHARS = 100_000
+
+
 async def upsert_chunks(
     conn: Conn,
     org_id: str,
@@ -313,9 +323,13 @@ async def upsert_chunks(
                INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
                                    end_sequence, text, text_search)
                SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
-                      (SELECT tsvector_agg(m.text_search ORDER BY m.sequence) FROM messages m
-                        WHERE m.org_id = $1 AND m.conversation_id = $2
-                          AND m.sequence BETWEEN c.start_sequence AND c.end_sequence)
+                      CASE WHEN octet_length(c.text) <= {_JOINED_FULL_TEXT_BYTES}
+                      THEN (SELECT tsvector_agg(m.text_search ORDER BY m.sequence)
+                              FROM messages m
+                             WHERE m.org_id = $1 AND m.conversation_id = $2
+                               AND m.sequence BETWEEN c.start_sequence AND c.end_sequence)
+                      ELSE to_tsvector('english', left(c.text, {_CAPPED_FULL_TEXT_CHARS}))
+                      END
                  FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
                       AS c(start_sequence, chunk_id, end_sequence, text)
                ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE

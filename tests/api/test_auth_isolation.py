@@ -283,14 +283,30 @@ async def test_org_b_never_sees_org_a(service: Service, interface: str) -> None:
 
 
 async def test_failed_authentication_is_throttled_per_client(database_url: str) -> None:
+    """Past the limit of unknown keys, a client's keys are not looked up: it gets 401 with
+    Retry-After, except for a key the cache holds (known valid), so one client guessing keys
+    behind a shared address cannot lock the others out. Expired and revoked keys are real
+    keys and do not count."""
     async with running_service(database_url, auth_failures_per_minute=3) as service:
-        _, key = await service.org_with_key()
+        _, known = await service.org_with_key()
+        _, unused = await service.org_with_key()
+        _, revoked = await service.org_with_key()
+        await service.revoke_key(revoked)
         async with httpx.AsyncClient(base_url=service.base_url) as http:
-            bad = {"Authorization": "Bearer cmk_guess"}
-            statuses = [
-                (await http.get("/api/v1/conversations", headers=bad)).status_code for _ in range(4)
-            ]
-            assert statuses == [401, 401, 401, 429]
-            r = await http.get("/api/v1/conversations", headers={"Authorization": f"Bearer {key}"})
-            assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
-            assert "failed authentication" in r.json()["error"]
+
+            async def status(key: str) -> int:
+                headers = {"Authorization": f"Bearer {key}"}
+                return (await http.get("/api/v1/usage", headers=headers)).status_code
+
+            async def cached() -> bool:  # the cache keeps keys once it listens
+                return await status(known) == 200
+
+            assert await eventually(cached)
+            assert [await status(revoked) for _ in range(4)] == [403] * 4
+            assert [await status("cmk_guess") for _ in range(3)] == [401] * 3
+            r = await http.get("/api/v1/usage", headers={"Authorization": "Bearer cmk_guess"})
+            assert r.status_code == 401 and int(r.headers["Retry-After"]) >= 1
+            assert "too many failed authentication attempts" in r.json()["error"]
+            r = await http.get("/api/v1/usage", headers={"Authorization": f"Bearer {unused}"})
+            assert r.status_code == 401 and "Retry-After" in r.headers  # not looked up
+            assert await status(known) == 200

@@ -67,3 +67,24 @@ async def test_personal_data_redaction_is_per_org(service: Service) -> None:
             cid = r.json()["conversation_id"]
             got = (await http.get(f"/api/v1/conversations/{cid}")).json()["messages"][0]
             assert got["content"] == expected
+
+
+async def test_conversation_title_and_metadata_are_redacted(service: Service, key: str) -> None:
+    async with service.rest(key) as http:
+        r = await http.post(
+            "/api/v1/conversations",
+            json={"title": f"deploy with {SECRET}", "metadata": {"keys": [f"k={SECRET}"]}},
+        )
+        cid = r.json()["conversation_id"]
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()["conversation"]
+        assert got["title"] == "deploy with [REDACTED:stripe_key]"
+        assert got["metadata"] == {"keys": ["k=[REDACTED:stripe_key]"]}
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        leaked = await conn.fetchval(
+            "SELECT count(*) FROM conversations WHERE title LIKE $1 OR metadata::text LIKE $1",
+            f"%{SECRET}%",
+        )
+        assert leaked == 0
+    finally:
+        await conn.close()

@@ -19,6 +19,16 @@ async def _create(http, **body) -> str:  # type: ignore[no-untyped-def]
     return str(r.json()["conversation_id"])
 
 
+async def test_create_takes_no_body_as_an_empty_one(service: Service, key: str) -> None:
+    """Every field of a new conversation is optional, so the body may be left out."""
+    async with service.rest(key) as http:
+        r = await http.post("/api/v1/conversations")
+        assert r.status_code == 201, r.text
+        cid = r.json()["conversation_id"]
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()["conversation"]
+        assert (got["title"], got["tags"], got["metadata"]) == (None, [], {})
+
+
 async def test_create_append_get(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         r = await http.post(

@@ -3,6 +3,9 @@ PATCH and delete reflected, and appends that outlive an embed_service outage."""
 
 from __future__ import annotations
 
+import random
+
+import asyncpg
 import httpx
 
 from tests.api.harness import Service, outbox_drained, running_service
@@ -144,3 +147,39 @@ async def test_appends_survive_an_embed_outage(database_url: str) -> None:
                 )
             ).json()
             assert sorted(h["start_sequence"] for h in found["results"]) == [1, 4, 7, 10]
+
+
+async def test_a_window_of_the_largest_messages_is_stored_with_its_full_text(
+    service: Service, key: str
+) -> None:
+    """Five messages at the content limit, of distinct CJK words, hold more full text than
+    one tsvector can (1 MB): their window parses its first 100k characters instead of joining
+    the messages' full text, and the conversation goes on growing."""
+    rng = random.Random(7)
+
+    def message() -> str:
+        words = (
+            "".join(chr(rng.randrange(0x4E00, 0xA000)) for _ in range(6)) for _ in range(14_285)
+        )
+        return " ".join(words)[:100_000]
+
+    texts = [message() for _ in range(5)]
+    first_word = texts[0].split(" ")[0]
+    async with service.rest(key) as http:
+        cid = await _conversation(http, texts)
+        r = await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "user", "content": "and more"}]},
+        )
+        assert r.status_code == 200, r.text
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        found = await conn.fetchval(
+            "SELECT count(*) FROM chunks WHERE conversation_id = $1 AND start_sequence = 1 "
+            "AND text_search @@ plainto_tsquery('english', $2)",
+            cid,
+            first_word,
+        )
+        assert found == 1
+    finally:
+        await conn.close()

@@ -85,3 +85,19 @@ def test_generated_grpc_code_is_current(tmp_path: Path) -> None:
         assert (tmp_path / name).read_text() == (committed / name).read_text(), (
             f"memory_proto/{name} is stale; run: python proto/generate.py"
         )
+
+
+def test_openapi_declares_the_errors_and_the_key_the_service_answers_with() -> None:
+    """Validation errors are 400 (never FastAPI's 422), and every operation takes the key."""
+    document = live_openapi()
+    statuses = {
+        status
+        for operations in document["paths"].values()
+        for operation in operations.values()
+        for status in operation["responses"]
+    }
+    assert "422" not in statuses and {"400", "401", "403"} <= statuses
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    assert document["security"] == [{"apiKey": []}]
+    scheme = document["components"]["securitySchemes"]["apiKey"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")

@@ -309,6 +309,26 @@ def test_grpc_services_probe_their_health_rpc(name: str) -> None:
     assert container["startupProbe"]["exec"]["command"] == [*expected, "--live"]
 
 
+@pytest.mark.parametrize("name", ["embed", "index"])
+def test_only_the_api_reaches_the_grpc_services(name: str) -> None:
+    """They take no credentials, so a NetworkPolicy admits the api's pods alone, on the gRPC
+    port only."""
+    workload = (find(DOCS, "Deployment", name) + find(DOCS, "StatefulSet", name))[0]
+    pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+    api_labels = one(DOCS, "Deployment", "api")["spec"]["template"]["metadata"]["labels"]
+    (policy,) = [
+        p
+        for p in find(DOCS, "NetworkPolicy")
+        if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    ]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= api_labels.items()
+    (container,) = pod_spec(workload)["containers"]
+    assert [p["port"] for p in rule["ports"]] == [container["ports"][0]["name"]]
+
+
 def test_embed_runs_on_gpu_nodes_with_the_baked_model() -> None:
     embed = one(DOCS, "Deployment", "embed")
     spec = pod_spec(embed)

@@ -268,7 +268,7 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
 async def test_an_embedding_call_past_its_deadline_is_split(
     database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The model on a CPU can take longer over a full batch than the gRPC deadline allows;
+    """The model on a CPU can take longer over a full batch than the indexing deadline allows;
     retried whole, such a job would fail for ever. The indexer splits a call that ran past
     its deadline and keeps the smaller size, so the chunks get indexed."""
     embed = HashingEmbedder.embed
@@ -279,7 +279,7 @@ async def test_an_embedding_call_past_its_deadline_is_split(
 
     monkeypatch.setattr(HashingEmbedder, "embed", slow_embed)
     async with running_service(
-        database_url, grpc_timeout_seconds=1.0, append_index_wait_seconds=0
+        database_url, embed_index_timeout_seconds=1.0, append_index_wait_seconds=0
     ) as service:
         _, key = await service.org_with_key()
         async with service.rest(key) as http, service.mcp(key) as mcp:

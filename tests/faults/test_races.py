@@ -141,10 +141,12 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
     embedded: list[str] = []
     embed = EmbedClient.embed
 
-    async def slow_embed(self: EmbedClient, texts: list[str]) -> Vectors:
+    async def slow_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
         embedded.extend(texts)
         await asyncio.sleep(1.5)  # past the lease and the worker's next poll
-        return await embed(self, texts)
+        return await embed(self, texts, timeout)
 
     monkeypatch.setattr(EmbedClient, "embed", slow_embed)
     async with running_service(database_url, append_index_wait_seconds=0.3) as service:
@@ -154,6 +156,38 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
             assert (await say(http, cid, "slow to embed")).status_code == 200
             await outbox_drained(database_url)
     assert embedded == ["[user]: slow to embed"]
+
+
+async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background batch that outlasts its lease (the model on a CPU) closes the jobs it has
+    done and leases the rest again as it goes: another replica's worker takes none of them,
+    and no chunk is embedded twice."""
+    monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.6)
+    embedded: list[str] = []
+    embed = EmbedClient.embed
+
+    async def slow_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
+        embedded.extend(t for t in texts if "renewed lease" in t)
+        await asyncio.sleep(0.25)  # six jobs: 1.5 s, past the lease
+        return await embed(self, texts, timeout)
+
+    async with running_service(database_url, indexer_enabled=False) as writer:
+        _, key = await writer.org_with_key()
+        async with writer.rest(key) as http:
+            for n in range(6):  # six jobs, queued for the background workers
+                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                assert (await say(http, cid, f"renewed lease {n}")).status_code == 200
+    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    async with (
+        running_service(database_url, append_index_wait_seconds=0),
+        running_service(database_url, append_index_wait_seconds=0),
+    ):
+        await outbox_drained(database_url, deadline_s=30)
+    assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(6)]
 
 
 async def test_an_append_answers_once_searchable_and_its_job_closes_after(
@@ -213,16 +247,18 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
     started_before_commit: dict[str, bool] = {}  # by chunk text, as its transaction wrote it
     cancelled: list[str] = []
 
-    async def watched_embed(self: EmbedClient, texts: list[str]) -> Vectors:
+    async def watched_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
         if "embedded ahead" not in texts[0]:  # another test's leftover job, say
-            return await embed(self, texts)
+            return await embed(self, texts, timeout)
         started.append(texts[0])
         try:
             await asyncio.sleep(0.3)  # longer than the rest of the transaction
         except asyncio.CancelledError:
             cancelled.extend(texts)
             raise
-        return await embed(self, texts)
+        return await embed(self, texts, timeout)
 
     async def watched_write(*args: Any, **kwargs: Any) -> Any:
         # The transaction's last statement: whatever runs when it returns began before commit.
