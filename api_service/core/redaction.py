@@ -93,6 +93,18 @@ def _cards(text: str) -> list[str]:
     return found
 
 
+# A key pasted without its END line (cut short, or split over two messages): the header and
+# the header fields, blank lines and whole base64 lines that follow it.
+_UNTERMINATED_KEY = re.compile(
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+    r"(?:[ \t]*\r?\n[ \t]*(?:[A-Za-z-]+: [^\n]*|[A-Za-z0-9+/=]+[ \t]*(?=\r?\n|\Z))?)*"
+)
+
+
+def _unterminated_keys(text: str) -> list[str]:
+    return [m.group(0).rstrip() for m in _UNTERMINATED_KEY.finditer(text)]
+
+
 _SECRET_RULES: tuple[_Rule, ...] = (
     _regex(
         "private_key",
@@ -101,6 +113,7 @@ _SECRET_RULES: tuple[_Rule, ...] = (
         needs=("-----begin ",),
         flags=re.DOTALL,
     ),
+    _Rule("private_key", _unterminated_keys, ("-----begin ",)),
     # The plugins' needles follow their patterns (tests/unit/test_redaction.py pins them);
     # AWS's second pattern is case-blind, hence "aw".
     _plugin("aws_key", AWSKeyDetector(), ("a3t", "abia", "acca", "akia", "asia", "aw")),

@@ -76,6 +76,8 @@ SECRETS = [
     ("card_number", "charge my card 4242 4242 4242 4242, exp 04/29", "4242 4242 4242 4242"),
     ("card_number", "amex 3782-822463-10005 please", "3782-822463-10005"),
     ("private_key", f"here is the deploy key:\n{PEM}\nthanks", PEM),
+    # Cut short: no END line, so the header and the base64 lines after it go.
+    ("private_key", f"the first half:\n{PEM[:-34]}", PEM[:-34]),
 ]
 
 
@@ -207,3 +209,16 @@ def test_skipping_rules_by_their_needles_changes_nothing(
         rules = getattr(redaction, name)
         monkeypatch.setattr(redaction, name, tuple(replace(r, needs=()) for r in rules))
     assert (Redactor(pii=True).redact(text), Redactor().redact(text)) == with_needles
+
+
+def test_a_key_cut_short_is_redacted_up_to_its_last_base64_line() -> None:
+    text = f"first half:\n{PEM[:-34]}\nthe rest tomorrow"
+    assert Redactor().redact(text) == (
+        "first half:\n[REDACTED:private_key]\nthe rest tomorrow",
+        ["private_key"],
+    )
+    encrypted = (
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,0A1B\n\n"
+        "MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM2\nok, that was all I had"
+    )
+    assert Redactor().redact(encrypted)[0] == "[REDACTED:private_key]\nok, that was all I had"
