@@ -8,7 +8,7 @@ import random
 import asyncpg
 import httpx
 
-from tests.api.harness import Service, outbox_drained, running_service
+from tests.api.harness import Service, outbox_drained, running_service, say
 
 
 async def _conversation(http: httpx.AsyncClient, texts: list[str], **body: object) -> str:
@@ -167,11 +167,7 @@ async def test_a_window_of_the_largest_messages_is_stored_with_its_full_text(
     first_word = texts[0].split(" ")[0]
     async with service.rest(key) as http:
         cid = await _conversation(http, texts)
-        r = await http.post(
-            "/api/v1/messages",
-            json={"conversation_id": cid, "messages": [{"role": "user", "content": "and more"}]},
-        )
-        assert r.status_code == 200, r.text
+        assert (await say(http, cid, "and more")).status_code == 200
     conn = await asyncpg.connect(service.database_url)
     try:
         found = await conn.fetchval(
