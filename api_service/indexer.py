@@ -82,10 +82,13 @@ class Indexer:
         index: IndexRouter,
         batch_size: int = 64,
         embed_timeout: float | None = None,
+        embed_concurrency: int = 4,
     ) -> None:
         self._pool = pool
         self._embedder = embedder
         self._embed_timeout = embed_timeout  # None: the client's deadline
+        # Embedding calls under way at once; the others wait here, before their deadline starts.
+        self._embed_slots = asyncio.Semaphore(embed_concurrency)
         self._index = index
         self._batch_size = batch_size
         self._embed_size = batch_size  # texts per embedding call; smaller after a deadline
@@ -138,7 +141,8 @@ class Indexer:
 
     async def _embed_call(self, texts: Sequence[str]) -> Vectors:
         try:
-            return await self._embedder.embed(texts, self._embed_timeout)
+            async with self._embed_slots:
+                return await self._embedder.embed(texts, self._embed_timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or len(texts) == 1:
                 raise

@@ -102,6 +102,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
                 index,
                 settings.indexer_batch_size,
                 settings.embed_index_timeout_seconds,
+                settings.embed_index_concurrency,
             )
             if settings.indexer_enabled:
                 indexer.start()

@@ -51,6 +51,11 @@ class ApiSettings(BaseSettings):
     # append's own wait (below), so it is long: on a slow model (a CPU) a queue of work is
     # finished rather than thrown away at the deadline and embedded again.
     embed_index_timeout_seconds: float = 120.0
+    # Embedding calls for indexing that one api process has under way at once. More wait their
+    # turn here, where no deadline runs, rather than in embed_service's queue, where a long
+    # queue (the model on a CPU, outpaced by appends) runs them past their deadline and the
+    # work is thrown away. A few calls in flight still let embed_service batch across them.
+    embed_index_concurrency: int = Field(default=4, ge=1)
     # How long an append waits for its own chunks to be indexed before answering anyway.
     append_index_wait_seconds: float = 10.0
     indexer_enabled: bool = True

@@ -190,6 +190,57 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
     assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(6)]
 
 
+async def test_indexing_has_at_most_its_limit_of_embedding_calls_under_way(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends that outpace the model (on a CPU) queue their embedding in the api process,
+    a few calls in flight at a time, so no call waits out its deadline in embed_service's
+    queue; every chunk is still indexed."""
+    in_flight, most = 0, 0
+    embed = EmbedClient.embed
+
+    async def slow_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
+        nonlocal in_flight, most
+        if not any("outpaced" in t for t in texts):  # another test's leftover job, say
+            return await embed(self, texts, timeout)
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.2)
+            return await embed(self, texts, timeout)
+        finally:
+            in_flight -= 1
+
+    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    async with running_service(
+        database_url, embed_index_concurrency=2, append_index_wait_seconds=0.05
+    ) as service:
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+
+            async def append(n: int) -> None:
+                cid = (await http.post("/api/v1/conversations", json={})).json()[
+                    "conversation_id"
+                ]
+                assert (await say(http, cid, f"outpaced {n}")).status_code == 200
+
+            await asyncio.gather(*(append(n) for n in range(8)))
+            await outbox_drained(database_url, deadline_s=30)
+    conn = await asyncpg.connect(database_url)
+    try:
+        indexed = await conn.fetchval(
+            "SELECT count(*) FROM chunks c JOIN chunk_vectors v "
+            "USING (org_id, conversation_id, start_sequence, version) "
+            "WHERE c.text LIKE '[user]: outpaced %'"
+        )
+    finally:
+        await conn.close()
+    assert most == 2
+    assert indexed == 8
+
+
 async def test_an_append_answers_once_searchable_and_its_job_closes_after(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
