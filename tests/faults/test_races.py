@@ -221,9 +221,7 @@ async def test_indexing_has_at_most_its_limit_of_embedding_calls_under_way(
         async with service.rest(key) as http:
 
             async def append(n: int) -> None:
-                cid = (await http.post("/api/v1/conversations", json={})).json()[
-                    "conversation_id"
-                ]
+                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
                 assert (await say(http, cid, f"outpaced {n}")).status_code == 200
 
             await asyncio.gather(*(append(n) for n in range(8)))
