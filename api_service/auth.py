@@ -12,7 +12,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -217,19 +217,35 @@ async def resolve(
 
 class FailedAuthThrottle:
     """Slows key guessing: a client (IP address) with `max_failures` unknown keys within
-    `window_seconds` has no key looked up until the oldest failure leaves the window (the
-    middleware answers 401 with Retry-After, and lets keys the cache holds through)."""
+    `window_seconds` has only known keys looked up until the oldest failure leaves the
+    window; the middleware answers the others 401 with Retry-After. A key is known once it
+    has authenticated (the last `max_known` of them, by digest): a client guessing keys
+    behind a shared address does not lock out those already using theirs."""
 
     def __init__(
         self,
         max_failures: int = 20,
         window_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        max_known: int = 100_000,
     ) -> None:
         self._max = max_failures
         self._window = window_seconds
         self._clock = clock
         self._failures: dict[str, deque[float]] = {}
+        self._known: OrderedDict[bytes, None] = OrderedDict()
+        self._max_known = max_known
+
+    def knows(self, digest: bytes) -> bool:
+        """Whether the key of `digest` has authenticated lately."""
+        return digest in self._known
+
+    def vouch(self, digest: bytes) -> None:
+        """Remember that the key of `digest` authenticated."""
+        self._known[digest] = None
+        self._known.move_to_end(digest)
+        if len(self._known) > self._max_known:
+            self._known.popitem(last=False)
 
     def retry_after(self, client: str) -> float:
         """Seconds until `client` may try again; 0 when it may now."""

@@ -113,19 +113,20 @@ class GuardMiddleware:
 
     async def _authenticate(self, headers: dict[bytes, bytes], client: str) -> auth.Principal:
         """The caller's principal. Unknown keys count toward the client's throttle; while it is
-        throttled only keys the cache holds (known valid) are looked at, and every other one
-        gets 401 with Retry-After, without a database lookup. Expired and revoked keys are
-        real keys, not guesses, and do not count."""
+        throttled only keys that have authenticated before are looked up, and every other one
+        gets 401 with Retry-After (FailedAuthThrottle). Expired and revoked keys are real
+        keys, not guesses, and do not count."""
         wait = self._throttle.retry_after(client)
         authorization = headers.get(b"authorization", b"").decode("latin-1") or None
         try:
             with timing.part("auth"):
-                return await auth.resolve(
+                digest = auth.hash_key(auth.bearer_token(authorization))
+                principal = await auth.resolve(
                     self._pool_of(),
                     authorization,
                     self._default_plan,
                     cache=self._key_cache,
-                    lookup=wait <= 0,
+                    lookup=wait <= 0 or self._throttle.knows(digest),
                 )
         except Exception as exc:
             error = classify(exc)
@@ -140,6 +141,8 @@ class GuardMiddleware:
                 ) from None
             self._throttle.failed(client)
             raise error from None
+        self._throttle.vouch(digest)
+        return principal
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"Request body is larger than {self._max_body} bytes")

@@ -217,6 +217,9 @@ class Indexer:
             _Chunk(chunk_id, queued.conversation_id, version, text, None)
             for chunk_id, version, text in queued.chunks
         ]
+        # Queued with attempts 0 and leased to this append; kept so while it lasts.
+        held = {queued.job_id: 0}
+        renewing = asyncio.create_task(self._keep_leased(held))
         try:
             vectors = None
             if embedding is not None:
@@ -227,10 +230,12 @@ class Indexer:
             searchable.set_result(True)
             await self._finish([job], embedded)
         except Exception as exc:  # any failure: the worker takes the job over
+            held.clear()
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._retry_later(job, exc)  # else the lease runs out
             self.notify()
         finally:
+            renewing.cancel()
             if not searchable.done():
                 searchable.set_result(False)
 
@@ -249,49 +254,77 @@ class Indexer:
     async def run_once(self) -> bool:
         """Lease and process one batch of due jobs; False when none was due.
 
-        A batch can outlast its lease (the model on a CPU embeds a chunk or two a second): each
-        half lease, the jobs done so far are closed and the rest leased again, so another
-        replica neither waits for the whole batch nor takes its jobs and embeds them twice."""
+        A batch, or one of its jobs, can outlast the lease (the model on a CPU embeds a window
+        or two a second). While it runs, the jobs not yet closed are leased again every third
+        of a lease, as long as no one else has taken them since, and every half lease the
+        jobs done so far are closed: another replica neither takes them and embeds them
+        twice nor waits for the whole batch."""
         jobs = await self._lease()
         if not jobs:
             return False
-        loop = asyncio.get_running_loop()
-        renew_at = loop.time() + LEASE_SECONDS / 2
-        done, embedded = [], []
-        for number, job in enumerate(jobs, start=1):
-            try:
-                if job.kind == "delete":
-                    await self._index.delete_conversation(job.org_id, job.conversation_id)
+        held = {job.job_id: job.attempts for job in jobs}  # leased, not yet closed
+        renewing = asyncio.create_task(self._keep_leased(held))
+        try:
+            loop = asyncio.get_running_loop()
+            close_at = loop.time() + LEASE_SECONDS / 2
+            done, embedded = [], []
+            for job in jobs:
+                try:
+                    if job.kind == "delete":
+                        await self._index.delete_conversation(job.org_id, job.conversation_id)
+                    else:
+                        embedded += await self._index_chunks(job)
+                except Exception as exc:  # any failure: keep the job, retry with backoff
+                    held.pop(job.job_id, None)
+                    await self._retry_later(job, exc)
                 else:
-                    embedded += await self._index_chunks(job)
-            except Exception as exc:  # any failure: keep the job, retry with backoff
-                await self._retry_later(job, exc)
-            else:
-                done.append(job)
-            if loop.time() >= renew_at and number < len(jobs):
-                if done:
-                    await self._finish(done, embedded)
-                    self._announce_progress()
+                    done.append(job)
+                if done and loop.time() >= close_at:
+                    await self._close(done, embedded, held)
                     done, embedded = [], []
-                await self._renew([j.job_id for j in jobs[number:]])
-                renew_at = loop.time() + LEASE_SECONDS / 2
-        if done:
-            await self._finish(done, embedded)
-        self._announce_progress()
+                    close_at = loop.time() + LEASE_SECONDS / 2
+            if done:
+                await self._close(done, embedded, held)
+        finally:
+            renewing.cancel()
         return True
+
+    async def _close(
+        self, done: list[Job], embedded: list[_Embedded], held: dict[int, int]
+    ) -> None:
+        await self._finish(done, embedded)
+        for job in done:
+            held.pop(job.job_id, None)
+        self._announce_progress()
 
     def _announce_progress(self) -> None:
         """Wake `wait_done`'s waiters to look again."""
         self._progress.set()
         self._progress = asyncio.Event()
 
-    async def _renew(self, job_ids: list[int]) -> None:
-        await self._pool.execute(
-            "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2) "
-            "WHERE job_id = ANY($1::bigint[])",
-            job_ids,
-            LEASE_SECONDS,
-        )
+    async def _keep_leased(self, held: dict[int, int]) -> None:
+        """Lease the `held` jobs (job id: the attempt this worker leased) again every third of
+        a lease. A job leased since by another worker has a later attempt: it is left to
+        that worker, and no longer renewed here."""
+        while True:
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            if not held:
+                continue
+            ids, attempts = list(held), list(held.values())
+            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                renewed = await self._pool.fetch(
+                    """UPDATE index_outbox o SET run_after = now() + make_interval(secs => $3)
+                         FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
+                        WHERE o.job_id = h.job_id AND o.attempts = h.attempts
+                    RETURNING o.job_id""",
+                    ids,
+                    attempts,
+                    LEASE_SECONDS,
+                )
+                kept = {row["job_id"] for row in renewed}
+                for job_id in ids:
+                    if job_id not in kept:
+                        held.pop(job_id, None)
 
     async def _keep_term_stats(self) -> None:
         while True:

@@ -93,16 +93,19 @@ def _cards(text: str) -> list[str]:
     return found
 
 
-# A key pasted without its END line (cut short, or split over two messages): the header and
-# the header fields, blank lines and whole base64 lines that follow it.
+# A key pasted without its END line (cut short, or split over two messages): the header, its
+# encryption fields, and the runs of base64 after it, on their own lines or, where a chat
+# turned the newlines into spaces, on one. A run is 16 characters at least, so the words of
+# a sentence after the key are kept (the key's last line, if shorter, is too).
 _UNTERMINATED_KEY = re.compile(
     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
-    r"(?:[ \t]*\r?\n[ \t]*(?:[A-Za-z-]+: [^\n]*|[A-Za-z0-9+/=]+[ \t]*(?=\r?\n|\Z))?)*"
+    r"(?:\s*(?:Proc-Type|DEK-Info): [^\n]*)*"
+    r"(?:\s*[A-Za-z0-9+/=]{16,}(?![^\s]))*"
 )
 
 
 def _unterminated_keys(text: str) -> list[str]:
-    return [m.group(0).rstrip() for m in _UNTERMINATED_KEY.finditer(text)]
+    return [m.group(0) for m in _UNTERMINATED_KEY.finditer(text)]
 
 
 _SECRET_RULES: tuple[_Rule, ...] = (

@@ -295,12 +295,15 @@ async def touch_conversation(
 
 # A tsvector holds at most 1 MB of lexemes and positions, and five messages' full text joined
 # can pass that (five 100k-character messages of distinct CJK words do): the append would
-# fail. A word's lexeme and position take at most about twice its text (a one-character CJK
-# word and its space: 4 bytes of text, 8 of tsvector), so a window of up to 400 KB joins its
-# messages' full text safely; a larger one (rare) has its first 100k characters parsed instead
-# (at most 4.5 bytes of tsvector a character), and its words past that are left out of it.
-_JOINED_FULL_TEXT_BYTES = 400_000
-_CAPPED_FULL_TEXT_CHARS = 100_000
+# fail. A window's full text takes at most about 5 bytes a byte of text (a hyphenated word is
+# indexed whole and by its parts: `a-b ` makes 20 bytes of tsvector), so a window of up to
+# 100 KB joins its messages' full text outright. A larger one joins it while the messages'
+# stored full text adds up to under the limit (joining only merges), and otherwise has its
+# first 64k characters parsed (at most about 8 bytes of tsvector a character), its words past
+# them left out. (The chunk trigger, 0011, parses the same 64k characters where it parses.)
+_JOINED_FULL_TEXT_BYTES = 100_000
+_TSVECTOR_BYTES = 1_048_575
+_CAPPED_FULL_TEXT_CHARS = 64_000
 
 
 async def upsert_chunks(
@@ -324,6 +327,11 @@ async def upsert_chunks(
                                    end_sequence, text, text_search)
                SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
                       CASE WHEN octet_length(c.text) <= {_JOINED_FULL_TEXT_BYTES}
+                             OR (SELECT sum(pg_column_size(m.text_search)) FROM messages m
+                                  WHERE m.org_id = $1 AND m.conversation_id = $2
+                                    AND m.sequence BETWEEN c.start_sequence
+                                                       AND c.end_sequence)
+                                <= {_TSVECTOR_BYTES}
                       THEN (SELECT tsvector_agg(m.text_search ORDER BY m.sequence)
                               FROM messages m
                              WHERE m.org_id = $1 AND m.conversation_id = $2

@@ -4,9 +4,11 @@ PATCH and delete reflected, and appends that outlive an embed_service outage."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import asyncpg
 import httpx
+import pytest
 
 from tests.api.harness import Service, outbox_drained, running_service, say
 
@@ -149,25 +151,36 @@ async def test_appends_survive_an_embed_outage(database_url: str) -> None:
             assert sorted(h["start_sequence"] for h in found["results"]) == [1, 4, 7, 10]
 
 
+def _cjk_word(rng: random.Random) -> str:
+    return "".join(chr(rng.randrange(0x4E00, 0xA000)) for _ in range(6))
+
+
+def _hyphenated_word(rng: random.Random) -> str:  # indexed whole and by each part
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return "-".join("".join(rng.choice(letters) for _ in range(4)) for _ in range(2))
+
+
+@pytest.mark.parametrize("word", [_cjk_word, _hyphenated_word])
 async def test_a_window_of_the_largest_messages_is_stored_with_its_full_text(
-    service: Service, key: str
+    service: Service, key: str, word: Callable[[random.Random], str]
 ) -> None:
-    """Five messages at the content limit, of distinct CJK words, hold more full text than
-    one tsvector can (1 MB): their window parses its first 100k characters instead of joining
-    the messages' full text, and the conversation goes on growing."""
+    """Five messages at the content limit, of distinct CJK words or of hyphenated ones, hold
+    more full text than one tsvector can (1 MB). Appended one by one, their window joins
+    their full text while it fits, then parses its first 64k characters instead; each
+    rebuild of the window, with that same full text, goes through, and the conversation goes
+    on growing."""
     rng = random.Random(7)
 
     def message() -> str:
-        words = (
-            "".join(chr(rng.randrange(0x4E00, 0xA000)) for _ in range(6)) for _ in range(14_285)
-        )
-        return " ".join(words)[:100_000]
+        return " ".join(word(rng) for _ in range(20_000))[:100_000]
 
     texts = [message() for _ in range(5)]
     first_word = texts[0].split(" ")[0]
     async with service.rest(key) as http:
-        cid = await _conversation(http, texts)
-        assert (await say(http, cid, "and more")).status_code == 200
+        cid = (await http.post("/api/v1/conversations")).json()["conversation_id"]
+        for text in [*texts, "and more"]:
+            r = await say(http, cid, text)
+            assert r.status_code == 200, r.text
     conn = await asyncpg.connect(service.database_url)
     try:
         found = await conn.fetchval(

@@ -161,9 +161,9 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
 async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A background batch that outlasts its lease (the model on a CPU) closes the jobs it has
-    done and leases the rest again as it goes: another replica's worker takes none of them,
-    and no chunk is embedded twice."""
+    """A background batch whose every job outlasts the lease (the model on a CPU) keeps its
+    jobs leased as it goes: another replica's worker takes none of them, and no chunk is
+    embedded twice."""
     monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.6)
     embedded: list[str] = []
     embed = EmbedClient.embed
@@ -172,13 +172,13 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
         self: EmbedClient, texts: list[str], timeout: float | None = None
     ) -> Vectors:
         embedded.extend(t for t in texts if "renewed lease" in t)
-        await asyncio.sleep(0.25)  # six jobs: 1.5 s, past the lease
+        await asyncio.sleep(0.8)  # each job past the lease
         return await embed(self, texts, timeout)
 
     async with running_service(database_url, indexer_enabled=False) as writer:
         _, key = await writer.org_with_key()
         async with writer.rest(key) as http:
-            for n in range(6):  # six jobs, queued for the background workers
+            for n in range(4):  # four jobs, queued for the background workers
                 cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
                 assert (await say(http, cid, f"renewed lease {n}")).status_code == 200
     monkeypatch.setattr(EmbedClient, "embed", slow_embed)
@@ -187,7 +187,38 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
         running_service(database_url, append_index_wait_seconds=0),
     ):
         await outbox_drained(database_url, deadline_s=30)
-    assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(6)]
+    assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(4)]
+
+
+async def test_an_append_indexing_past_its_lease_keeps_it_from_another_replica(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append's own indexing that outlasts its job's lease (the model on a CPU) leases
+    the job again as it goes: another replica's background worker does not take it and
+    embed it a second time."""
+    monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.6)
+    monkeypatch.setattr(indexer.Indexer, "lease_seconds", 0.6)
+    embedded: list[str] = []
+    embed = EmbedClient.embed
+
+    async def slow_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
+        embedded.extend(t for t in texts if "own lease" in t)
+        await asyncio.sleep(2.0)  # past the lease, and past the other worker's next poll
+        return await embed(self, texts, timeout)
+
+    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    async with (
+        running_service(database_url, append_index_wait_seconds=0.2) as first,
+        running_service(database_url, append_index_wait_seconds=0.2),
+    ):
+        _, key = await first.org_with_key()
+        async with first.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            assert (await say(http, cid, "own lease")).status_code == 200
+        await outbox_drained(database_url, deadline_s=30)
+    assert embedded == ["[user]: own lease"]
 
 
 async def test_indexing_has_at_most_its_limit_of_embedding_calls_under_way(

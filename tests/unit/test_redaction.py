@@ -222,3 +222,6 @@ def test_a_key_cut_short_is_redacted_up_to_its_last_base64_line() -> None:
         "MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM2\nok, that was all I had"
     )
     assert Redactor().redact(encrypted)[0] == "[REDACTED:private_key]\nok, that was all I had"
+    body = PEM.splitlines()[1:3]
+    one_line = f"key: -----BEGIN OPENSSH PRIVATE KEY----- {body[0]} {body[1]} Thanks"
+    assert Redactor().redact(one_line)[0] == "key: [REDACTED:private_key] Thanks"

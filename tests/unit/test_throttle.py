@@ -12,3 +12,10 @@ def test_window_slides() -> None:
     assert throttle.retry_after("b") == 0  # per client
     now[0] = 10.5
     assert throttle.retry_after("a") == 0
+
+
+def test_known_keys_are_the_latest_that_authenticated() -> None:
+    throttle = FailedAuthThrottle(max_known=2)
+    for digest in (b"a", b"b", b"a", b"c"):  # "a" again: the latest but one
+        throttle.vouch(digest)
+    assert [throttle.knows(d) for d in (b"a", b"b", b"c")] == [True, False, True]
