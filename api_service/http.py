@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -133,7 +134,7 @@ class GuardMiddleware:
             if not isinstance(error, Unauthorized):
                 raise error from None
             if wait > 0:
-                seconds = str(max(1, round(wait)))
+                seconds = str(max(1, math.ceil(wait)))
                 raise Unauthorized(
                     "Unauthorized: too many failed authentication attempts from this address; "
                     f"retry in {seconds}s",

@@ -218,8 +218,7 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         # Queued with attempts 0 and leased to this append; kept so while it lasts.
-        held = {queued.job_id: 0}
-        renewing = asyncio.create_task(self._keep_leased(held))
+        leases = _Leases(self._pool, {queued.job_id: 0})
         try:
             vectors = None
             if embedding is not None:
@@ -230,12 +229,12 @@ class Indexer:
             searchable.set_result(True)
             await self._finish([job], embedded)
         except Exception as exc:  # any failure: the worker takes the job over
-            held.clear()
+            await leases.release([job.job_id])
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._retry_later(job, exc)  # else the lease runs out
             self.notify()
         finally:
-            renewing.cancel()
+            await leases.stop()
             if not searchable.done():
                 searchable.set_result(False)
 
@@ -262,8 +261,7 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
-        held = {job.job_id: job.attempts for job in jobs}  # leased, not yet closed
-        renewing = asyncio.create_task(self._keep_leased(held))
+        leases = _Leases(self._pool, {job.job_id: job.attempts for job in jobs})
         try:
             loop = asyncio.get_running_loop()
             close_at = loop.time() + LEASE_SECONDS / 2
@@ -275,56 +273,29 @@ class Indexer:
                     else:
                         embedded += await self._index_chunks(job)
                 except Exception as exc:  # any failure: keep the job, retry with backoff
-                    held.pop(job.job_id, None)
+                    await leases.release([job.job_id])
                     await self._retry_later(job, exc)
                 else:
                     done.append(job)
                 if done and loop.time() >= close_at:
-                    await self._close(done, embedded, held)
+                    await self._close(done, embedded, leases)
                     done, embedded = [], []
                     close_at = loop.time() + LEASE_SECONDS / 2
             if done:
-                await self._close(done, embedded, held)
+                await self._close(done, embedded, leases)
         finally:
-            renewing.cancel()
+            await leases.stop()
         return True
 
-    async def _close(
-        self, done: list[Job], embedded: list[_Embedded], held: dict[int, int]
-    ) -> None:
+    async def _close(self, done: list[Job], embedded: list[_Embedded], leases: _Leases) -> None:
+        await leases.release([job.job_id for job in done])  # no renewal touches them after
         await self._finish(done, embedded)
-        for job in done:
-            held.pop(job.job_id, None)
         self._announce_progress()
 
     def _announce_progress(self) -> None:
         """Wake `wait_done`'s waiters to look again."""
         self._progress.set()
         self._progress = asyncio.Event()
-
-    async def _keep_leased(self, held: dict[int, int]) -> None:
-        """Lease the `held` jobs (job id: the attempt this worker leased) again every third of
-        a lease. A job leased since by another worker has a later attempt: it is left to
-        that worker, and no longer renewed here."""
-        while True:
-            await asyncio.sleep(LEASE_SECONDS / 3)
-            if not held:
-                continue
-            ids, attempts = list(held), list(held.values())
-            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                renewed = await self._pool.fetch(
-                    """UPDATE index_outbox o SET run_after = now() + make_interval(secs => $3)
-                         FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
-                        WHERE o.job_id = h.job_id AND o.attempts = h.attempts
-                    RETURNING o.job_id""",
-                    ids,
-                    attempts,
-                    LEASE_SECONDS,
-                )
-                kept = {row["job_id"] for row in renewed}
-                for job_id in ids:
-                    if job_id not in kept:
-                        held.pop(job_id, None)
 
     async def _keep_term_stats(self) -> None:
         while True:
@@ -468,3 +439,50 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{type(exc).__name__} {exc.code().name}"
     return type(exc).__name__
+
+
+class _Leases:
+    """Outbox jobs a worker holds (job id: the attempt that leased them), leased again every
+    third of a lease until released. A job another worker has leased since has a later
+    attempt: it is left to that worker. Release a job before closing it or handing it back:
+    the lock keeps a renewal from landing after (on a deleted row, harmless; over a retry's
+    earlier run_after, a delay)."""
+
+    def __init__(self, pool: asyncpg.Pool, held: dict[int, int]) -> None:
+        self._pool = pool
+        self._held = held
+        self._lock = asyncio.Lock()
+        self._task = asyncio.create_task(self._keep())
+
+    async def release(self, job_ids: list[int]) -> None:
+        async with self._lock:
+            for job_id in job_ids:
+                self._held.pop(job_id, None)
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_SECONDS / 3)
+            async with self._lock:
+                if self._held:
+                    await self._renew()
+
+    async def _renew(self) -> None:
+        ids, attempts = list(self._held), list(self._held.values())
+        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            renewed = await self._pool.fetch(
+                """UPDATE index_outbox o SET run_after = now() + make_interval(secs => $3)
+                     FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
+                    WHERE o.job_id = h.job_id AND o.attempts = h.attempts
+                RETURNING o.job_id""",
+                ids,
+                attempts,
+                LEASE_SECONDS,
+            )
+            kept = {row["job_id"] for row in renewed}
+            for job_id in ids:
+                if job_id not in kept:
+                    self._held.pop(job_id, None)

@@ -298,9 +298,11 @@ async def touch_conversation(
 # fail. A window's full text takes at most about 5 bytes a byte of text (a hyphenated word is
 # indexed whole and by its parts: `a-b ` makes 20 bytes of tsvector), so a window of up to
 # 100 KB joins its messages' full text outright. A larger one joins it while the messages'
-# stored full text adds up to under the limit (joining only merges), and otherwise has its
+# stored full text adds up to under the limit (joining only merges; a value compressed before
+# 0008 made it uncompressed does not tell its size and counts as over), and otherwise has its
 # first 64k characters parsed (at most about 8 bytes of tsvector a character), its words past
-# them left out. (The chunk trigger, 0011, parses the same 64k characters where it parses.)
+# them left out. (The chunk trigger parses the same 64k characters for a writer that gives
+# no full text: migration 0011.)
 _JOINED_FULL_TEXT_BYTES = 100_000
 _TSVECTOR_BYTES = 1_048_575
 _CAPPED_FULL_TEXT_CHARS = 64_000
@@ -327,7 +329,10 @@ async def upsert_chunks(
                                    end_sequence, text, text_search)
                SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
                       CASE WHEN octet_length(c.text) <= {_JOINED_FULL_TEXT_BYTES}
-                             OR (SELECT sum(pg_column_size(m.text_search)) FROM messages m
+                             OR (SELECT CASE WHEN bool_and(
+                                                pg_column_compression(m.text_search) IS NULL)
+                                             THEN sum(pg_column_size(m.text_search)) END
+                                   FROM messages m
                                   WHERE m.org_id = $1 AND m.conversation_id = $2
                                     AND m.sequence BETWEEN c.start_sequence
                                                        AND c.end_sequence)

@@ -157,8 +157,9 @@ async def test_chunks_have_one_unique_index_the_one_upserts_name(database_url: s
 
 
 async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_url: str) -> None:
-    """upsert_chunks gives each window its messages' full text; any other writer (a replica
-    from before 0008, a bulk load) gets its text parsed on insert and on a change of text."""
+    """upsert_chunks gives each window its messages' full text; a writer that gives none (a
+    bulk load) gets the text parsed, on insert or on an update that sets the full text NULL.
+    An update that gives a full text keeps it, as upsert_chunks' rebuilds may (0011)."""
     conn = await asyncpg.connect(database_url)
     try:
         org_id = await _org_with_conversation(conn, "fts", "conv_fts")
@@ -170,10 +171,13 @@ async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_ur
         words = "SELECT tsvector_to_array(text_search) FROM chunks WHERE chunk_id = 'chk_fts'"
         assert await conn.fetchval(words) == ["quokka", "smile", "user"]
         await conn.execute(
-            "UPDATE chunks SET text = '[user]: wombats digging' WHERE chunk_id = 'chk_fts'"
+            "UPDATE chunks SET text = '[user]: wombats digging', text_search = NULL "
+            "WHERE chunk_id = 'chk_fts'"
         )
         assert await conn.fetchval(words) == ["dig", "user", "wombat"]
-        await conn.execute("UPDATE chunks SET updated_at = now() WHERE chunk_id = 'chk_fts'")
+        await conn.execute(
+            "UPDATE chunks SET text = '[user]: wombats digging deep' WHERE chunk_id = 'chk_fts'"
+        )
         assert await conn.fetchval(words) == ["dig", "user", "wombat"]
     finally:
         await conn.close()
