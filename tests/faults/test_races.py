@@ -131,6 +131,25 @@ async def test_patch_racing_appends_keeps_every_edit_window_and_vector(
             assert (top["start_sequence"], top["score"]) == (row["start_sequence"], 1.0)
 
 
+def slowed_embedding(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, marker: str = ""
+) -> list[str]:
+    """Make every embedding call take `seconds` longer (the model on a CPU); the list
+    returned gathers the texts embedded that hold `marker`."""
+    embedded: list[str] = []
+    embed = EmbedClient.embed
+
+    async def slow_embed(
+        self: EmbedClient, texts: list[str], timeout: float | None = None
+    ) -> Vectors:
+        embedded.extend(t for t in texts if marker in t)
+        await asyncio.sleep(seconds)
+        return await embed(self, texts, timeout)
+
+    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    return embedded
+
+
 async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -138,17 +157,7 @@ async def test_an_append_indexing_past_its_lease_is_not_indexed_twice(
     same process must leave an append's job to the append still indexing it."""
     monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.2)
     monkeypatch.setattr(indexer.Indexer, "lease_seconds", 0.2)
-    embedded: list[str] = []
-    embed = EmbedClient.embed
-
-    async def slow_embed(
-        self: EmbedClient, texts: list[str], timeout: float | None = None
-    ) -> Vectors:
-        embedded.extend(texts)
-        await asyncio.sleep(1.5)  # past the lease and the worker's next poll
-        return await embed(self, texts, timeout)
-
-    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    embedded = slowed_embedding(monkeypatch, 1.5)  # past the lease and the worker's next poll
     async with running_service(database_url, append_index_wait_seconds=0.3) as service:
         _, key = await service.org_with_key()
         async with service.rest(key) as http:
@@ -165,23 +174,13 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
     jobs leased as it goes: another replica's worker takes none of them, and no chunk is
     embedded twice."""
     monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.6)
-    embedded: list[str] = []
-    embed = EmbedClient.embed
-
-    async def slow_embed(
-        self: EmbedClient, texts: list[str], timeout: float | None = None
-    ) -> Vectors:
-        embedded.extend(t for t in texts if "renewed lease" in t)
-        await asyncio.sleep(0.8)  # each job past the lease
-        return await embed(self, texts, timeout)
-
     async with running_service(database_url, indexer_enabled=False) as writer:
         _, key = await writer.org_with_key()
         async with writer.rest(key) as http:
             for n in range(4):  # four jobs, queued for the background workers
                 cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
                 assert (await say(http, cid, f"renewed lease {n}")).status_code == 200
-    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    embedded = slowed_embedding(monkeypatch, 0.8, "renewed lease")  # each job past the lease
     async with (
         running_service(database_url, append_index_wait_seconds=0),
         running_service(database_url, append_index_wait_seconds=0),
@@ -198,17 +197,8 @@ async def test_an_append_indexing_past_its_lease_keeps_it_from_another_replica(
     embed it a second time."""
     monkeypatch.setattr(indexer, "LEASE_SECONDS", 0.6)
     monkeypatch.setattr(indexer.Indexer, "lease_seconds", 0.6)
-    embedded: list[str] = []
-    embed = EmbedClient.embed
-
-    async def slow_embed(
-        self: EmbedClient, texts: list[str], timeout: float | None = None
-    ) -> Vectors:
-        embedded.extend(t for t in texts if "own lease" in t)
-        await asyncio.sleep(2.0)  # past the lease, and past the other worker's next poll
-        return await embed(self, texts, timeout)
-
-    monkeypatch.setattr(EmbedClient, "embed", slow_embed)
+    # Past the lease, and past the other worker's next poll.
+    embedded = slowed_embedding(monkeypatch, 2.0, "own lease")
     async with (
         running_service(database_url, append_index_wait_seconds=0.2) as first,
         running_service(database_url, append_index_wait_seconds=0.2),
