@@ -181,17 +181,16 @@ class KeyCache:
 
 async def resolve(
     pool: asyncpg.Pool,
-    authorization: str | None,
+    digest: bytes,
     default_plan: PlanLimits | None = None,
     now: datetime | None = None,
     cache: KeyCache | None = None,
     lookup: bool = True,
 ) -> Principal:
-    """The principal for an Authorization header; 401 for a missing or unknown key, 403 for an
-    expired or revoked one. The org's plan, or `default_plan`, comes in the same query, or from
-    `cache`; with `lookup` False only from `cache` (a key it does not hold gets 401)."""
-    token = bearer_token(authorization)
-    digest = hash_key(token)
+    """The principal for the key of `digest` (hash_key of the bearer token); 401 for an unknown
+    key, 403 for an expired or revoked one. The org's plan, or `default_plan`, comes in the
+    same query, or from `cache`; with `lookup` False only from `cache` (a key it does not hold
+    gets 401)."""
     found = cache.get(digest) if cache is not None else None
     if found is None and lookup:
         generation = cache.generation if cache is not None else 0

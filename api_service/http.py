@@ -124,7 +124,7 @@ class GuardMiddleware:
                 digest = auth.hash_key(auth.bearer_token(authorization))
                 principal = await auth.resolve(
                     self._pool_of(),
-                    authorization,
+                    digest,
                     self._default_plan,
                     cache=self._key_cache,
                     lookup=wait <= 0 or self._throttle.knows(digest),

@@ -44,7 +44,7 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
 
     pool = await create_pool(database_url, 1, 2)
     try:
-        principal = await auth.resolve(pool, f"Bearer {secret.group(1)}")
+        principal = await auth.resolve(pool, auth.hash_key(secret.group(1)))
         assert principal.scopes == frozenset({"read"}) and principal.redact_pii
         stored = await pool.fetchval(
             "SELECT count(*) FROM api_keys WHERE key_hash = $1", auth.hash_key(secret.group(1))
@@ -62,7 +62,7 @@ async def test_org_and_key_lifecycle(database_url: str) -> None:
         revoked = memctl(database_url, "key", "revoke", key_id.group(1))
         assert revoked.returncode == 0 and "revoked" in revoked.stdout
         with pytest.raises(Forbidden):
-            await auth.resolve(pool, f"Bearer {secret.group(1)}")
+            await auth.resolve(pool, auth.hash_key(secret.group(1)))
         assert "revoked" in memctl(database_url, "key", "list", "--org", "acme").stdout
     finally:
         await pool.close()
