@@ -89,6 +89,7 @@ class Indexer:
         self._embed_timeout = embed_timeout  # None: the client's deadline
         # Embedding calls under way at once; the others wait here, before their deadline starts.
         self._embed_slots = asyncio.Semaphore(embed_concurrency)
+        self._leases = _Leases(pool)  # jobs being indexed here, leased again while they last
         self._index = index
         self._batch_size = batch_size
         self._embed_size = batch_size  # texts per embedding call; smaller after a deadline
@@ -104,6 +105,7 @@ class Indexer:
         self._tasks = [
             asyncio.create_task(self._run(), name="indexer"),
             asyncio.create_task(self._keep_term_stats(), name="indexer-term-stats"),
+            asyncio.create_task(self._leases.keep(), name="indexer-leases"),
         ]
 
     async def stop(self) -> None:
@@ -218,7 +220,7 @@ class Indexer:
             for chunk_id, version, text in queued.chunks
         ]
         # Queued with attempts 0 and leased to this append; kept so while it lasts.
-        leases = _Leases(self._pool, {queued.job_id: 0})
+        self._leases.hold({queued.job_id: 0})
         try:
             vectors = None
             if embedding is not None:
@@ -227,14 +229,15 @@ class Indexer:
                     vectors = await embedding
             embedded = await self._embed_and_index(job.org_id, chunks, vectors)
             searchable.set_result(True)
+            await self._leases.release([job.job_id])
             await self._finish([job], embedded)
         except Exception as exc:  # any failure: the worker takes the job over
-            await leases.release([job.job_id])
+            await self._leases.release([job.job_id])
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._retry_later(job, exc)  # else the lease runs out
             self.notify()
         finally:
-            await leases.stop()
+            await self._leases.release([job.job_id])  # none stays leased for ever
             if not searchable.done():
                 searchable.set_result(False)
 
@@ -261,7 +264,7 @@ class Indexer:
         jobs = await self._lease()
         if not jobs:
             return False
-        leases = _Leases(self._pool, {job.job_id: job.attempts for job in jobs})
+        self._leases.hold({job.job_id: job.attempts for job in jobs})
         try:
             loop = asyncio.get_running_loop()
             close_at = loop.time() + LEASE_SECONDS / 2
@@ -273,22 +276,22 @@ class Indexer:
                     else:
                         embedded += await self._index_chunks(job)
                 except Exception as exc:  # any failure: keep the job, retry with backoff
-                    await leases.release([job.job_id])
+                    await self._leases.release([job.job_id])
                     await self._retry_later(job, exc)
                 else:
                     done.append(job)
                 if done and loop.time() >= close_at:
-                    await self._close(done, embedded, leases)
+                    await self._close(done, embedded)
                     done, embedded = [], []
                     close_at = loop.time() + LEASE_SECONDS / 2
             if done:
-                await self._close(done, embedded, leases)
-        finally:
-            await leases.stop()
+                await self._close(done, embedded)
+        finally:  # whatever went wrong, none stays leased for ever
+            await self._leases.release([job.job_id for job in jobs])
         return True
 
-    async def _close(self, done: list[Job], embedded: list[_Embedded], leases: _Leases) -> None:
-        await leases.release([job.job_id for job in done])  # no renewal touches them after
+    async def _close(self, done: list[Job], embedded: list[_Embedded]) -> None:
+        await self._leases.release([job.job_id for job in done])  # no renewal after the close
         await self._finish(done, embedded)
         self._announce_progress()
 
@@ -442,28 +445,26 @@ def _reason(exc: Exception) -> str:
 
 
 class _Leases:
-    """Outbox jobs a worker holds (job id: the attempt that leased them), leased again every
-    third of a lease until released. A job another worker has leased since has a later
-    attempt: it is left to that worker. Release a job before closing it or handing it back:
-    the lock keeps a renewal from landing after (on a deleted row, harmless; over a retry's
-    earlier run_after, a delay)."""
+    """Outbox jobs a worker is indexing (job id: the attempt that leased them), leased again
+    every third of a lease while `keep` runs. A job another worker has leased since has a
+    later attempt: it is left to that worker. Release a job before closing it or handing it
+    back: the lock keeps a renewal from landing after (on a deleted row, harmless; over a
+    retry's earlier run_after, a delay)."""
 
-    def __init__(self, pool: asyncpg.Pool, held: dict[int, int]) -> None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
-        self._held = held
+        self._held: dict[int, int] = {}
         self._lock = asyncio.Lock()
-        self._task = asyncio.create_task(self._keep())
+
+    def hold(self, attempts: dict[int, int]) -> None:
+        self._held.update(attempts)
 
     async def release(self, job_ids: list[int]) -> None:
         async with self._lock:
             for job_id in job_ids:
                 self._held.pop(job_id, None)
 
-    async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _keep(self) -> None:
+    async def keep(self) -> None:
         while True:
             await asyncio.sleep(LEASE_SECONDS / 3)
             async with self._lock:
