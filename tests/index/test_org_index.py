@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from index_service.org_index import OrgIndex
-from index_service.stores import build_ivf
+from index_service.stores import build_ivf, nlist_for
 from tests.index.helpers import DIM, clustered
 
 
@@ -96,6 +96,19 @@ def test_growth_during_a_rebuild_triggers_the_next_one() -> None:
     org.finish_rebuild(store)
     # Fitted to 1500 vectors, now holding 3500: its lists are too few, so rebuild again.
     assert org.size == 3500 and org.needs_rebuild()
+
+
+def test_growth_rebuilds_only_when_the_list_count_grows() -> None:
+    org, _ = _org(2100, threshold=1000)
+    assert (org.kind, org._store.nlist) == ("ivf", nlist_for(2100)) == ("ivf", 256)
+    more = clustered(6100, seed=9)
+    org.upsert([f"m{i}" for i in range(2400)], ["convM"] * 2400, more[:2400])
+    # Twice the size it was built at, still 256 lists' worth: the store is kept.
+    assert org.size == 4500 and nlist_for(4500) == 256 and not org.needs_rebuild()
+    org.upsert([f"m{i}" for i in range(2400, 6100)], ["convM"] * 3700, more[2400:])
+    assert org.size == 8200 and nlist_for(8200) == 512 and org.needs_rebuild()
+    org.finish_rebuild(org.build(org.begin_rebuild()))
+    assert org._store.nlist == 512 and not org.needs_rebuild()
 
 
 def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
