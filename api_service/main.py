@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import Depends, FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,6 +33,7 @@ from api_service.limits import Meter
 from api_service.mcp_server import build_mcp
 from api_service.rest import conversations, messages, search, usage
 from api_service.rest import errors as rest_errors
+from api_service.rest.deps import known_query
 from api_service.settings import ApiSettings
 from api_service.store.db import create_pool
 from api_service.store.embedded import start_embedded
@@ -145,7 +146,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     rest_errors.install(app)
     _describe_as_served(app)
     for router in (conversations.router, messages.router, search.router, usage.router):
-        app.include_router(router, prefix=API_PREFIX)
+        app.include_router(router, prefix=API_PREFIX, dependencies=[Depends(known_query)])
     _add_operations(app, runtime)
     app.add_middleware(
         GuardMiddleware,

@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
 from api_service.auth import Principal
+from api_service.core.errors import InvalidInput
 from api_service.core.memory import MemoryService
 
 
@@ -23,3 +26,21 @@ async def _memory(request: Request) -> MemoryService:
 
 Caller = Annotated[Principal, Depends(_principal)]
 Memory = Annotated[MemoryService, Depends(_memory)]
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    names = {p.alias for p in dependant.query_params}
+    return names.union(*(_query_names(d) for d in dependant.dependencies))
+
+
+async def known_query(request: Request) -> None:
+    """Refuse query parameters the operation does not take, as bodies refuse unknown fields:
+    a misspelt `limt=5` must not be answered as if it were not there."""
+    route: APIRoute = request.scope["route"]
+    declared = _query_names(route.dependant)
+    unknown = sorted(set(request.query_params) - declared)
+    if unknown:
+        takes = ", ".join(sorted(declared)) or "none"
+        raise InvalidInput(
+            f"Unknown query parameter: {', '.join(unknown)} (this operation takes: {takes})"
+        )

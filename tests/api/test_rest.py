@@ -390,6 +390,23 @@ async def test_search_validates_its_parameters(service: Service, key: str) -> No
         assert r.status_code == 200 and r.json() == {"results": [], "total": 0}
 
 
+async def test_unknown_query_parameters_are_400(service: Service, key: str) -> None:
+    """As bodies refuse unknown fields: a misspelt parameter is named, never ignored."""
+    async with service.rest(key) as http:
+        for path, params in (
+            ("/api/v1/search", {"q": "x", "limt": "5"}),
+            ("/api/v1/conversations", {"limit": "5", "sort_by": "created_at"}),
+            ("/api/v1/usage", {"month": "2026-01"}),
+        ):
+            r = await http.get(path, params=params)
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert error.startswith("Unknown query parameter: "), error
+            assert [p for p in params if p in error.split("(")[0]], error
+        r = await http.get("/api/v1/conversations", params={"limit": "5", "order": "asc"})
+        assert r.status_code == 200, r.text
+
+
 async def test_operational_endpoints(service: Service) -> None:
     async with service.rest(None) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
