@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from index_service.errors import Unavailable
 from index_service.native import release_free_memory
-from index_service.org_index import Hit, OrgIndex
+from index_service.org_index import Hit, OrgIndex, Snapshot
 from index_service.rebuild import OrgRows
 from index_service.vectors import Matrix
 
@@ -248,7 +248,15 @@ class Registry:
         """Build a fitting index from a snapshot without holding the lock, so the org keeps
         serving; the changes made meanwhile are replayed before the switch."""
         try:
-            snapshot = await self._locked(org, org.index.begin_rebuild)
+            room = await self._run(org.index.snapshot_room)
+
+            def begin(room: Snapshot) -> Snapshot | None:  # unneeded if deletes came meanwhile
+                return org.index.begin_rebuild(room) if org.index.needs_rebuild() else None
+
+            snapshot = await self._locked(org, begin, room)
+            del room
+            if snapshot is None:
+                return
             store = None
             try:
                 store = await self._run(org.index.build, snapshot)

@@ -44,7 +44,8 @@ class VectorStore(Protocol):
 
     def reconstruct(self, labels: Labels) -> Matrix: ...
 
-    def export(self) -> tuple[Labels, Matrix]: ...
+    def export(self, labels: Labels, vectors: Matrix) -> None:
+        """Copy every label and vector into the first ntotal rows of `labels`, `vectors`."""
 
     def memory_bytes(self) -> int: ...
 
@@ -115,8 +116,9 @@ class FlatStore:
         out: Matrix = self._vectors[self._row_numbers(labels)]
         return out
 
-    def export(self) -> tuple[Labels, Matrix]:
-        return self._labels[: self._n].copy(), self._vectors[: self._n].copy()
+    def export(self, labels: Labels, vectors: Matrix) -> None:
+        labels[: self._n] = self._labels[: self._n]
+        vectors[: self._n] = self._vectors[: self._n]
 
     def memory_bytes(self) -> int:
         # The matrix (with its growth headroom), labels, and the label -> row dict.
@@ -184,21 +186,18 @@ class IvfStore:
         out: Matrix = self._index.reconstruct_batch(labels)
         return out
 
-    def export(self) -> tuple[Labels, Matrix]:
+    def export(self, labels: Labels, vectors: Matrix) -> None:
         invlists = self._index.invlists
-        all_labels: list[Labels] = []
-        all_vectors: list[Matrix] = []
+        row = 0
         for list_no in range(self.nlist):
             size = invlists.list_size(list_no)
             if size == 0:
                 continue
-            ids = faiss.rev_swig_ptr(invlists.get_ids(list_no), size).copy()
+            ids = faiss.rev_swig_ptr(invlists.get_ids(list_no), size)
             codes = faiss.rev_swig_ptr(invlists.get_codes(list_no), size * self._dim * 4)
-            all_labels.append(ids.astype(np.int64))
-            all_vectors.append(codes.view(np.float32).reshape(size, self._dim).copy())
-        if not all_labels:
-            return np.empty(0, np.int64), np.empty((0, self._dim), np.float32)
-        return np.concatenate(all_labels), np.concatenate(all_vectors)
+            labels[row : row + size] = ids
+            vectors[row : row + size] = codes.view(np.float32).reshape(size, self._dim)
+            row += size
 
     def memory_bytes(self) -> int:
         # Codes and ids in the lists, the hash direct map, the coarse centroids.

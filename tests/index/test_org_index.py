@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from index_service.org_index import OrgIndex
+from index_service.org_index import SNAPSHOT_SLACK, OrgIndex
 from index_service.stores import build_ivf, nlist_for
 from tests.index.helpers import DIM, clustered
 
@@ -66,6 +66,25 @@ def test_changes_during_a_rebuild_are_replayed() -> None:
     assert "c5" not in {h.chunk_id for h in org.search(vectors[5][None, :], 5, [])}
 
 
+def test_a_snapshot_holds_every_vector_whatever_its_room() -> None:
+    """Flat and IVF stores export every vector once, into a room made ahead of the writes that
+    come before the lock, or into a new one when those writes outgrew it."""
+    for n, threshold in ((800, 1000), (3000, 1000)):
+        org, vectors = _org(n, threshold=threshold)
+        room = org.snapshot_room()
+        extra = SNAPSHOT_SLACK + 1 if n == 3000 else 5  # outgrow the room, or fit in it
+        more = clustered(extra, seed=7)
+        org.upsert([f"x{i}" for i in range(extra)], ["convX"] * extra, more)
+        snapshot = org.begin_rebuild(room)
+        assert snapshot.labels.size == n + extra
+        assert np.unique(snapshot.labels).size == n + extra
+        order = np.argsort(snapshot.labels)
+        expected = np.vstack([vectors, more])  # labels are given in upsert order
+        np.testing.assert_array_equal(snapshot.vectors[order], expected[: n + extra])
+        org.finish_rebuild(org.build(snapshot))
+        assert org.size == n + extra
+
+
 def test_repeated_chunk_ids_keep_the_last_vector() -> None:
     vectors = clustered(3, seed=3)
     org = OrgIndex.from_rows(
@@ -125,7 +144,7 @@ def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
 
 def test_a_rebuild_catches_up_before_its_switch() -> None:
     """Writes made during the build reach the new store unlocked, in order; the switch replays
-    only what came after, and the fitted size stays the snapshot's."""
+    only what came after."""
     org, vectors = _org(3000, threshold=1000)
     store = org.build(org.begin_rebuild())
     fresh = clustered(2, seed=43)
@@ -139,7 +158,7 @@ def test_a_rebuild_catches_up_before_its_switch() -> None:
     assert org.search(fresh[1:], 1, [])[0].chunk_id == "early"
     assert store.ntotal == 3000  # the replaced vector left no stale copy in the new store
     assert "c9" not in {h.chunk_id for h in org.search(vectors[9][None, :], 5, [])}
-    assert not org.needs_rebuild()  # fitted to the 3000 of the snapshot
+    assert not org.needs_rebuild()  # built for the 3000 it holds
 
 
 def test_an_older_version_never_replaces_a_newer_one() -> None:

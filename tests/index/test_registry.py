@@ -72,3 +72,35 @@ async def test_request_sized_upserts_run_on_request_threads_and_bulk_ones_on_wor
     await registry.upsert("org_a", 1, ids[:17], ["conv"] * 17, vectors[:17])
     await registry.upsert("org_a", 1, ids, ["conv"] * 300, vectors)
     assert [name.split("_")[0] for name in threads] == ["test-request", "test-work"]
+
+
+async def test_a_rebuild_that_deletes_made_unneeded_is_dropped_before_its_snapshot(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The room for a snapshot is made before the org's lock is taken; if deletes bring the
+    org back under the flat threshold meanwhile, nothing is built."""
+    entered, release = threading.Event(), threading.Event()
+    built: list[int] = []
+    snapshot_room, build = OrgIndex.snapshot_room, OrgIndex.build
+
+    def slow_room(self: OrgIndex) -> Any:
+        entered.set()
+        release.wait(10)
+        return snapshot_room(self)
+
+    def recording_build(self: OrgIndex, snapshot: Any) -> Any:
+        built.append(snapshot.labels.size)
+        return build(self, snapshot)
+
+    monkeypatch.setattr(OrgIndex, "snapshot_room", slow_room)
+    monkeypatch.setattr(OrgIndex, "build", recording_build)
+    vectors = clustered(1001, seed=8)
+    ids = [f"c{i}" for i in range(1001)]
+    await registry.upsert("org_a", 1, ids, ["conv"] * 1001, vectors)  # past the threshold
+    await asyncio.to_thread(entered.wait, 10)
+    await registry.delete("org_a", 1, ids[:1], [])
+    release.set()
+    await registry.settle()
+    assert built == []
+    stats = await registry.stats("org_a", 1)
+    assert (stats.vectors, stats.index_kind, stats.building) == (1000, "flat", False)
