@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 import asyncpg
 
+from api_service import timing
 from api_service.auth import Principal
 from api_service.core import chunking, validation, views
 from api_service.core.errors import (
@@ -311,10 +312,8 @@ class MemoryService:
             else:
                 vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
                 ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
-            rows = await repo.chunks_by_id(conn, who.org_id, [cid for cid, _ in ranked])
-        results = [
-            _result(rows[cid], score, snippet_chars) for cid, score in ranked if cid in rows
-        ][:limit]
+            best = await _best_rows(conn, who.org_id, ranked, limit)
+        results = [_result(row, score, snippet_chars) for row, score in best]
         return {"results": results, "total": len(results)}
 
     async def usage(self, who: Principal, requests: int, month: str) -> dict[str, Any]:
@@ -438,6 +437,23 @@ def _fuse(vector_hits: list[tuple[str, float]], lexical_ids: list[str]) -> list[
         for rank, cid in enumerate(ranking, start=1):
             scores[cid] = scores.get(cid, 0.0) + 1.0 / (RRF_K + rank)
     return sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+
+
+async def _best_rows(
+    conn: Conn, org_id: str, ranked: list[tuple[str, float]], limit: int
+) -> list[tuple[ChunkRow, float]]:
+    """The rows of the first `limit` ranked chunks that still exist, in rank order. Rows are
+    read for as many as are missing, so a chunk deleted since it was ranked gives its place to
+    the next; reading every ranked row read up to four times the pages a search shows."""
+    best: list[tuple[ChunkRow, float]] = []
+    start = 0
+    with timing.part("rows"):
+        while len(best) < limit and start < len(ranked):
+            batch = ranked[start : start + limit - len(best)]
+            start += len(batch)
+            rows = await repo.chunks_by_id(conn, org_id, [cid for cid, _ in batch])
+            best += [(rows[cid], score) for cid, score in batch if cid in rows]
+    return best
 
 
 def _result(chunk: ChunkRow, score: float, snippet_chars: int) -> dict[str, Any]:

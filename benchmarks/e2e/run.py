@@ -16,7 +16,9 @@ conversations, repeated under new conversation ids. At each size it measures:
 - search: REST (hybrid: vectors fused with PostgreSQL full text) and MCP (vectors only)
   latency p50/p99 over LongMemEval questions, one client, org-wide, limit 10; REST also as
   the service's Server-Timing total (`server`, query embedding included) and as its `own`
-  time; and the vector ranking's recall@10 against exact search over the org's stored vectors;
+  time, with two of its parts: `lexical` (the full-text ranking) and `rows` (reading the hits'
+  chunk rows); and the vector ranking's recall@10 against exact search over the org's stored
+  vectors;
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
   service's hybrid search needs) and Chroma, and asked the same query vectors
@@ -190,6 +192,7 @@ async def search_latency(
     """REST and MCP search latency; the MCP (vector) results, for recall."""
     headers = {"Authorization": f"Bearer {key}"}
     rest, rest_server, rest_own, mcp_times, found = [], [], [], [], []
+    rest_parts: dict[str, list[float]] = {"lexical": [], "rows": []}
     async with (
         httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http,
         httpx.AsyncClient(headers=headers, timeout=120) as http2,
@@ -205,6 +208,8 @@ async def search_latency(
             parts = timing.parse(r.headers["server-timing"])
             rest_server.append(parts["total"] / 1000)
             rest_own.append(without_embedding(parts) / 1000)
+            for name, times in rest_parts.items():
+                times.append(parts.get(name, 0.0) / 1000)
             t0 = time.perf_counter()
             res = await mcp.call_tool("search", {"query": q, "limit": K})
             mcp_times.append(time.perf_counter() - t0)
@@ -224,6 +229,9 @@ async def search_latency(
         "mcp_search_p50_ms": mcp_p50,
         "mcp_search_p99_ms": mcp_p99,
     }
+    for name, times in rest_parts.items():  # two of the service's parts, for where time goes
+        p50, p99 = percentiles(times)
+        figures[f"rest_search_{name}_p50_ms"], figures[f"rest_search_{name}_p99_ms"] = p50, p99
     return figures, found
 
 

@@ -128,6 +128,31 @@ async def test_patch_and_delete_are_reflected(service: Service, key: str) -> Non
         assert all(h["conversation_id"] != cid for h in gone["results"])
 
 
+async def test_a_hit_whose_row_is_gone_gives_its_place_to_the_next(
+    service: Service, key: str
+) -> None:
+    """A chunk deleted after the index ranked it (its removal still in the outbox) is skipped,
+    and the search still fills its limit with the next ranked chunks, in order."""
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        for t, topic in enumerate(("sourdough starter", "rye sourdough", "sourdough oven")):
+            # A count of "crumb" of its own in every window: no two chunks score alike.
+            await _conversation(http, [f"{topic} " + "crumb " * (i + 10 * t) for i in range(9)])
+        ranked = (await mcp.ok("search", query="sourdough starter crumb", limit=5))["results"]
+        assert len(ranked) == 5
+        gone = [h["chunk_id"] for h in ranked[:2]]
+        conn = await asyncpg.connect(service.database_url)
+        try:  # rows only: the shard keeps both vectors
+            await conn.execute("DELETE FROM chunks WHERE chunk_id = ANY($1::text[])", gone)
+        finally:
+            await conn.close()
+        vector = (await mcp.ok("search", query="sourdough starter crumb", limit=3))["results"]
+        assert [h["chunk_id"] for h in vector] == [h["chunk_id"] for h in ranked[2:]]
+        r = await http.get("/api/v1/search", params={"q": "sourdough starter crumb", "limit": 3})
+        hybrid = r.json()["results"]
+        assert len(hybrid) == 3 and not {h["chunk_id"] for h in hybrid} & set(gone)
+        assert "rows" in r.headers["server-timing"]
+
+
 async def test_appends_survive_an_embed_outage(database_url: str) -> None:
     async with running_service(database_url, append_index_wait_seconds=0.3) as service:
         _, key = await service.org_with_key()
