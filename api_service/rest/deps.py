@@ -35,7 +35,9 @@ def _query_names(dependant: Dependant) -> set[str]:
 
 async def known_query(request: Request) -> None:
     """Refuse query parameters the operation does not take, as bodies refuse unknown fields:
-    a misspelt `limt=5` must not be answered as if it were not there."""
+    a misspelt `limt=5` must not be answered as if it were not there. Every parameter of this
+    API takes one value (tags are comma-separated), so a repeated one is refused too rather
+    than answered with its last value."""
     route: APIRoute = request.scope["route"]
     declared = _query_names(route.dependant)
     unknown = sorted(set(request.query_params) - declared)
@@ -43,4 +45,11 @@ async def known_query(request: Request) -> None:
         takes = ", ".join(sorted(declared)) or "none"
         raise InvalidInput(
             f"Unknown query parameter: {', '.join(unknown)} (this operation takes: {takes})"
+        )
+    given = [name for name, _ in request.query_params.multi_items()]
+    repeated = sorted({name for name in given if given.count(name) > 1})
+    if repeated:
+        raise InvalidInput(
+            f"Query parameter given more than once: {', '.join(repeated)} (each takes one "
+            "value; give tags as one comma-separated list)"
         )

@@ -391,7 +391,8 @@ async def test_search_validates_its_parameters(service: Service, key: str) -> No
 
 
 async def test_unknown_query_parameters_are_400(service: Service, key: str) -> None:
-    """As bodies refuse unknown fields: a misspelt parameter is named, never ignored."""
+    """As bodies refuse unknown fields: a misspelt parameter is named, never ignored, and a
+    repeated one is refused rather than read as its last value."""
     async with service.rest(key) as http:
         for path, params in (
             ("/api/v1/search", {"q": "x", "limt": "5"}),
@@ -404,6 +405,9 @@ async def test_unknown_query_parameters_are_400(service: Service, key: str) -> N
             assert r.json()["error"].split(" (")[0] == f"Unknown query parameter: {unknown}"
         r = await http.get("/api/v1/conversations", params={"limit": "5", "order": "asc"})
         assert r.status_code == 200, r.text
+        r = await http.get("/api/v1/search", params=[("q", "x"), ("limit", "5"), ("limit", "50")])
+        assert r.status_code == 400 and r.json()["code"] == "invalid_request", r.text
+        assert r.json()["error"].startswith("Query parameter given more than once: limit ")
 
 
 async def test_operational_endpoints(service: Service) -> None:
