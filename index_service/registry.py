@@ -254,9 +254,9 @@ class Registry:
                 return org.index.begin_rebuild(room) if org.index.needs_rebuild() else None
 
             snapshot = await self._locked(org, begin, room)
-            del room
+            del room  # the snapshot is a view of it
             if snapshot is None:
-                return
+                return  # the writes that follow check again, as they always do
             store = None
             try:
                 store = await self._run(org.index.build, snapshot)

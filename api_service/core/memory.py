@@ -442,18 +442,17 @@ def _fuse(vector_hits: list[tuple[str, float]], lexical_ids: list[str]) -> list[
 async def _best_rows(
     conn: Conn, org_id: str, ranked: list[tuple[str, float]], limit: int
 ) -> list[tuple[ChunkRow, float]]:
-    """The rows of the first `limit` ranked chunks that still exist, in rank order. Rows are
-    read for as many as are missing, so a chunk deleted since it was ranked gives its place to
-    the next; reading every ranked row read up to four times the pages a search shows."""
+    """The rows of the first `limit` ranked chunks that still exist, in rank order. The rest
+    are read only when one of those is gone (deleted since it was ranked), in one more round
+    trip; reading every ranked row read up to four times the pages a search shows."""
     best: list[tuple[ChunkRow, float]] = []
-    start = 0
     with timing.part("rows"):
-        while len(best) < limit and start < len(ranked):
-            batch = ranked[start : start + limit - len(best)]
-            start += len(batch)
+        for batch in (ranked[:limit], ranked[limit:]):
+            if len(best) >= limit or not batch:
+                break
             rows = await repo.chunks_by_id(conn, org_id, [cid for cid, _ in batch])
             best += [(rows[cid], score) for cid, score in batch if cid in rows]
-    return best
+    return best[:limit]
 
 
 def _result(chunk: ChunkRow, score: float, snippet_chars: int) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -46,8 +47,8 @@ async def known_query(request: Request) -> None:
         raise InvalidInput(
             f"Unknown query parameter: {', '.join(unknown)} (this operation takes: {takes})"
         )
-    given = [name for name, _ in request.query_params.multi_items()]
-    repeated = sorted({name for name in given if given.count(name) > 1})
+    given = Counter(name for name, _ in request.query_params.multi_items())
+    repeated = sorted(name for name, count in given.items() if count > 1)
     if repeated:
         raise InvalidInput(
             f"Query parameter given more than once: {', '.join(repeated)} (each takes one "

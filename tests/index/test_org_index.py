@@ -67,20 +67,24 @@ def test_changes_during_a_rebuild_are_replayed() -> None:
 
 
 def test_a_snapshot_holds_every_vector_whatever_its_room() -> None:
-    """Flat and IVF stores export every vector once, into a room made ahead of the writes that
-    come before the lock, or into a new one when those writes outgrew it."""
-    for n, threshold in ((800, 1000), (3000, 1000)):
+    """Flat and IVF stores export every vector once: into the room made ahead of the writes
+    that come before the lock while they fit its slack, else into room made then."""
+    for n, threshold, extra in (
+        (800, 1000, 5),
+        (3000, 1000, SNAPSHOT_SLACK),
+        (3000, 1000, SNAPSHOT_SLACK + 1),
+    ):
         org, vectors = _org(n, threshold=threshold)
         room = org.snapshot_room()
-        extra = SNAPSHOT_SLACK + 1 if n == 3000 else 5  # outgrow the room, or fit in it
         more = clustered(extra, seed=7)
         org.upsert([f"x{i}" for i in range(extra)], ["convX"] * extra, more)
         snapshot = org.begin_rebuild(room)
+        assert np.shares_memory(snapshot.vectors, room.vectors) == (extra <= SNAPSHOT_SLACK)
         assert snapshot.labels.size == n + extra
         assert np.unique(snapshot.labels).size == n + extra
         order = np.argsort(snapshot.labels)
         expected = np.vstack([vectors, more])  # labels are given in upsert order
-        np.testing.assert_array_equal(snapshot.vectors[order], expected[: n + extra])
+        np.testing.assert_array_equal(snapshot.vectors[order], expected)
         org.finish_rebuild(org.build(snapshot))
         assert org.size == n + extra
 
