@@ -225,6 +225,19 @@ def _add_operations(app: FastAPI, runtime: Runtime) -> None:
         )
 
 
+def _route_label(scope: Scope) -> str:
+    """A request's metrics label: its route's template
+    (`/api/v1/conversations/{conversation_id}`), never its path, whose ids would make a series
+    per conversation. The router sets the route on the shared scope; FastAPI may leave there an
+    included router's own route, whose template lacks the prefix it was included under."""
+    template: str | None = getattr(scope.get("route"), "path", None)
+    if template is None:
+        return "/mcp" if scope["path"].startswith("/mcp") else "other"
+    if scope["path"].startswith(API_PREFIX + "/") and not template.startswith(API_PREFIX + "/"):
+        return API_PREFIX + template
+    return template
+
+
 def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
     requests = Counter(
         "memory_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
@@ -249,10 +262,7 @@ def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
         try:
             await app(scope, receive, send_and_note)
         finally:
-            route = scope.get("route")  # set by the router on the shared scope
-            path = getattr(route, "path", None) or (
-                "/mcp" if scope["path"].startswith("/mcp") else "other"
-            )
+            path = _route_label(scope)
             latency.labels(scope["method"], path).observe(time.perf_counter() - start)
             requests.labels(scope["method"], path, str(status)).inc()
 

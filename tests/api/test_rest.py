@@ -410,15 +410,21 @@ async def test_unknown_query_parameters_are_400(service: Service, key: str) -> N
         assert r.json()["error"].startswith("Query parameter given more than once: limit ")
 
 
-async def test_operational_endpoints(service: Service) -> None:
+async def test_operational_endpoints(service: Service, key: str) -> None:
     async with service.rest(None) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         r = await http.get("/readyz")
         assert r.status_code == 200, r.text
         assert r.json()["checks"]["postgres"] is True and r.json()["checks"]["embed"] is True
         await http.get("/api/v1/conversations")
+    async with service.rest(key) as http:
+        assert (await http.get("/api/v1/conversations/conv_nope")).status_code == 404
         metrics = (await http.get("/metrics")).text
-        assert 'memory_http_requests_total{method="GET",route="other",status="401"}' in metrics
+    # Refused before routing: no route. Routed: the route's template, whole, never the path.
+    assert 'memory_http_requests_total{method="GET",route="other",status="401"}' in metrics
+    routed = 'route="/api/v1/conversations/{conversation_id}",status="404"}'
+    assert f'memory_http_requests_total{{method="GET",{routed}' in metrics
+    assert "conv_nope" not in metrics
 
 
 async def test_rest_responses_say_where_their_time_went(service: Service, key: str) -> None:
