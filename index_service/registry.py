@@ -254,7 +254,7 @@ class Registry:
                 return org.index.begin_rebuild(room) if org.index.needs_rebuild() else None
 
             snapshot = await self._locked(org, begin, room)
-            del room  # the snapshot is a view of it
+            del room  # the snapshot views it: both go when the snapshot is deleted below
             if snapshot is None:
                 return  # the writes that follow check again, as they always do
             store = None
