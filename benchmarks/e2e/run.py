@@ -42,13 +42,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import itertools
 import json
 import platform
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +62,7 @@ from alternatives import (
     bench_pgvector,
     percentiles,
 )
+from corpus import conversations
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -84,34 +84,6 @@ K = 10
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-# Each pass over the corpus after the first respells two lower-case letters as Greek ones, a
-# pair and a spelling of its own, so that about a fifth of the words differ between any two
-# passes: a repeated conversation is a related text, as in a real org, not the same one. Exact
-# copies gave each chunk 40 identical vectors at 1M; recall@10 then measured only whether one
-# list was probed, and the index's calibration queries became far easier than questions
-# (docs/performance.md, "Recall at 1M").
-RESPELT_PAIRS = list(itertools.combinations("bcdfgmpwy", 2))
-GREEK = "αβγδεζηθικλμνξοπρστυφχψω"
-
-
-def respelt(text: str, pass_no: int) -> str:
-    """`text` as pass `pass_no` over the corpus spells it (the first pass: as written)."""
-    if pass_no == 0:
-        return text
-    first, second = RESPELT_PAIRS[(pass_no - 1) % len(RESPELT_PAIRS)]
-    spelling = GREEK[pass_no % len(GREEK)], GREEK[(pass_no + 12) % len(GREEK)]
-    return text.replace(first, spelling[0]).replace(second, spelling[1])
-
-
-def conversations(data: Path) -> Iterator[list[dict[str, str]]]:
-    """LongMemEval s150 conversations' messages, over and over, respelt in each pass."""
-    with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as f:
-        convs = [json.loads(line)["messages"] for line in f]
-    for pass_no in itertools.count():
-        for messages in convs:
-            yield [{"role": m["role"], "content": respelt(m["content"], pass_no)} for m in messages]
 
 
 class Growth:
@@ -305,24 +277,34 @@ async def checkpoint(pg_url: str) -> None:
 
 async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     """Every embedded chunk, with the vector the service stored for it (the stack's database
-    holds this one org); the texts only when an alternative is to load them."""
+    holds this one org); the texts only when an alternative is to load them. Read in batches
+    into one array: all rows at once held the vectors three times over (9 GB at 1M)."""
+    text = "convert_to(c.text, 'UTF8')" if with_texts else "''::bytea"
+    query = (
+        f"SELECT c.chunk_id, c.conversation_id, {text}, v.embedding FROM chunks c "  # noqa: S608 (a fixed column)
+        "JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version) "
+        "ORDER BY c.chunk_id"
+    )
+    ids: list[str] = []
+    conversation_ids: list[str] = []
+    texts: list[bytes] = []
     conn = await asyncpg.connect(pg_url)
     try:
-        text = "c.text" if with_texts else "''"
-        rows = await conn.fetch(
-            f"SELECT c.chunk_id, c.conversation_id, {text} AS text, v.embedding FROM chunks c "  # noqa: S608 (a fixed column)
-            "JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version) "
-            "ORDER BY c.chunk_id"
-        )
+        n = await conn.fetchval("SELECT count(*) FROM chunk_vectors")
+        dim = await conn.fetchval("SELECT length(embedding) / 4 FROM chunk_vectors LIMIT 1")
+        vectors = np.empty((n, dim or 0), dtype=np.float32)
+        async with conn.transaction():
+            cursor = await conn.cursor(query)
+            while rows := await cursor.fetch(20_000):
+                start = len(ids)
+                ids += [r[0] for r in rows]
+                conversation_ids += [r[1] for r in rows]
+                texts += [r[2] for r in rows]
+                raw = b"".join(r[3] for r in rows)
+                vectors[start : len(ids)] = np.frombuffer(raw, "<f4").reshape(len(rows), -1)
     finally:
         await conn.close()
-    vectors = np.frombuffer(b"".join(r["embedding"] for r in rows), "<f4").reshape(len(rows), -1)
-    return Corpus(
-        ids=[r["chunk_id"] for r in rows],
-        conversation_ids=[r["conversation_id"] for r in rows],
-        texts=[r["text"] for r in rows],
-        vectors=vectors.astype(np.float32),
-    )
+    return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
 
 
 class Recall:

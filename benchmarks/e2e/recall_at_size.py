@@ -1,0 +1,149 @@
+"""Recall of real questions against the nprobe the index calibrates, on the e2e corpus at one size.
+
+Usage: python benchmarks/e2e/recall_at_size.py [--size 530000] [--copies exact respelt]
+
+Repeats the e2e benchmark's conversations (corpus.py) up to --size chunks, as exact copies or
+respelt as the benchmark grows them, chunks them as the service does, embeds them with the
+hashing embedder, and builds the IVF index a rebuild at that size builds. Then, for each
+nprobe: recall@10 of the s150 questions against exact search (by score, as the e2e benchmark
+counts it) and the time of one query on one thread. The nprobe that calibration chose is
+marked. Writes results/recall-at-size-<size>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import faiss
+import matplotlib
+import numpy as np
+from corpus import conversations
+
+from api_service.core.chunking import chunk_text, window_end, window_starts_touching
+from embed_service.hashing import HashingEmbedder
+from index_service.stores import NPROBE_STEPS, build_ivf
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "longmemeval"
+K = 10
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def chunk_texts(size: int, data: Path, respell: bool) -> list[str]:
+    """The first `size` chunks of the corpus, as the service windows them."""
+    texts: list[str] = []
+    source = conversations(data, respell)
+    while len(texts) < size:
+        messages = next(source)
+        lines = [(m["role"], m["content"]) for m in messages]
+        count = len(lines)
+        for start in window_starts_touching(1, count, count):
+            texts.append(chunk_text(lines[start - 1 : window_end(start, count)]))
+    return texts[:size]
+
+
+def embed(texts: list[str], embedder: HashingEmbedder) -> np.ndarray:
+    out = np.empty((len(texts), embedder.dim), dtype=np.float32)
+    for start in range(0, len(texts), 10_000):
+        batch = texts[start : start + 10_000]
+        out[start : start + len(batch)] = embedder.embed(embedder.tokenize(batch))
+        if start % 100_000 == 0:
+            progress(f"  embedded {start + len(batch):,}/{len(texts):,}")
+    return out
+
+
+def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dict[str, Any]:
+    embedder = HashingEmbedder()
+    progress(f"{copies} copies: chunking and embedding {args.size:,} chunks")
+    vectors = embed(chunk_texts(args.size, args.data, copies == "respelt"), embedder)
+    distinct = np.unique(vectors[:, :8], axis=0).shape[0]  # 8 floats tell texts apart here
+    progress(f"  {distinct:,} distinct vectors; building the IVF index")
+    started = time.perf_counter()
+    store = build_ivf(np.arange(len(vectors), dtype=np.int64), vectors, args.target_recall)
+    build_s = time.perf_counter() - started
+    calibrated = store.nprobe
+    best, _ = faiss.knn(questions, vectors, K, faiss.METRIC_INNER_PRODUCT)
+    kth_best = best[:, -1:]
+    faiss.omp_set_num_threads(1)
+    steps = [s for s in (*NPROBE_STEPS, store.nlist) if s <= min(store.nlist, calibrated * 4)]
+    curve = []
+    for nprobe in sorted(set(steps) | {calibrated}):
+        store.nprobe = nprobe
+        started = time.perf_counter()
+        found = [store.search(q[None, :], K, None) for q in questions]
+        ms = (time.perf_counter() - started) * 1000 / len(questions)
+        scores = np.vstack([s for s, _ in found])
+        labels = np.vstack([lab for _, lab in found])
+        recall = float(((scores >= kth_best - 1e-4) & (labels >= 0)).sum() / scores.size)
+        curve.append({"nprobe": nprobe, "recall_at_10": recall, "ms_per_query": ms})
+        progress(f"  nprobe {nprobe}: recall@10 {recall:.3f}, {ms:.2f} ms a query")
+    faiss.omp_set_num_threads(0)
+    return {
+        "copies": copies,
+        "chunks": len(vectors),
+        "distinct_vectors": distinct,
+        "nlist": store.nlist,
+        "calibrated_nprobe": calibrated,
+        "build_s": build_s,
+        "curve": curve,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run in result["runs"]:
+        nprobe = [p["nprobe"] for p in run["curve"]]
+        label = f"{run['copies']} copies ({run['distinct_vectors']:,} distinct)"
+        (line,) = ax1.plot(nprobe, [p["recall_at_10"] for p in run["curve"]], "o-", label=label)
+        ax2.plot(nprobe, [p["ms_per_query"] for p in run["curve"]], "o-", label=label)
+        chosen = next(p for p in run["curve"] if p["nprobe"] == run["calibrated_nprobe"])
+        ax1.plot([chosen["nprobe"]], [chosen["recall_at_10"]], "*", ms=16, color=line.get_color())
+    ax1.axhline(result["target_recall"], ls="--", color="grey", label="calibration target")
+    ax1.set(xscale="log", xlabel="nprobe", ylabel="recall@10 of questions", ylim=(0, 1.02))
+    ax1.set_title("★ the nprobe calibration chose")
+    ax2.set(xscale="log", yscale="log", xlabel="nprobe", ylabel="ms a query, one thread")
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"IVF on the e2e corpus at {result['size']:,} chunks, {result['machine']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=530_000, help="chunks in the org")
+    parser.add_argument(
+        "--copies", nargs="+", choices=["exact", "respelt"], default=["exact", "respelt"]
+    )
+    parser.add_argument("--target-recall", type=float, default=0.97)
+    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
+    parser.add_argument("--machine", default="2-core x86_64 CPU")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
+    embedder = HashingEmbedder()
+    questions = embedder.embed(embedder.tokenize([json.loads(q)["question"] for q in lines]))
+    result: dict[str, Any] = {
+        "size": args.size,
+        "machine": args.machine,
+        "target_recall": args.target_recall,
+        "questions": len(lines),
+        "runs": [measure(c, args, questions.astype(np.float32)) for c in args.copies],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"recall-at-size-{args.size}"
+    path.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    plot(result, path.with_suffix(".png"))
+    progress(f"wrote {path}.json and .png")
+
+
+if __name__ == "__main__":
+    main()
