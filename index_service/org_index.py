@@ -189,10 +189,9 @@ class OrgIndex:
         doubles with every 4x growth) or that shrank to half the threshold.
 
         Growth with the list count unchanged keeps the store: nprobe keeps probing the same
-        share of the lists. In the end-to-end benchmark recall@10 was 0.97 at 100k on lists
-        trained at 33k, and 0.855 at 1M on lists trained at 530k (nprobe is calibrated on
-        queries easier than its questions). Growing to 1M, rebuilding at every doubling built
-        1.26M vectors; this builds 0.71M."""
+        share of the lists. In the end-to-end benchmark recall@10 was 0.960 at 100k on lists
+        trained at 33k, and 0.928 at 1M on lists trained at 529k. Growing to 1M, rebuilding at
+        every doubling built 1.26M vectors; this builds 0.71M."""
         if self._changes is not None:
             return False
         n = self.size
