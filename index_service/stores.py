@@ -24,8 +24,6 @@ faiss: Any = _faiss
 
 # Labels of results that are not there (fewer candidates than k).
 MISSING = -1
-# float32 inner products of equal vectors can differ in the last bits with summation order.
-SCORE_TOLERANCE = 1e-5
 # An IVF store's scores come from float16 codes, each component within 2**-11 of itself, so
 # for unit vectors a score is within 2**-11 of the float32 inner product (Cauchy-Schwarz).
 # Dense random vectors differ by 3e-5 at most; the hashing embedder's sparser ones by 1.1e-4.
@@ -287,7 +285,7 @@ def _calibrate(
     for nprobe in (*(s for s in NPROBE_STEPS if s < store.nlist), store.nlist):
         store.nprobe = max(MIN_NPROBE, nprobe)
         scores, found = store.search(queries, k, None)
-        if _recall(scores, found, kth_best) >= target:
+        if recall_by_score(scores, found, kth_best) >= target:
             break
     return store.nprobe
 
@@ -308,9 +306,9 @@ def _noisy(rows: Matrix, cosine: float, rng: np.random.Generator) -> Matrix:
     return result
 
 
-def _recall(scores: Matrix, found: Labels, kth_best: Matrix) -> float:
+def recall_by_score(scores: Matrix, found: Labels, kth_best: Matrix) -> float:
     """Recall@k against exact search, by score: a hit scores at least the exact k-th best, so
     of several equal vectors (duplicate chunks) any one counts, as any one is a right answer.
-    The IVF store's scores are those of its float16 codes, hence the wider tolerance."""
+    The IVF store's scores, from float16 codes, are within IVF_SCORE_TOLERANCE of exact."""
     hits = (scores >= kth_best - IVF_SCORE_TOLERANCE) & (found != MISSING)
     return float(hits.sum() / scores.size)

@@ -25,7 +25,7 @@ from corpus import conversations
 
 from api_service.core.chunking import chunk_text, window_end, window_starts_touching
 from embed_service.hashing import HashingEmbedder
-from index_service.stores import IVF_SCORE_TOLERANCE, NPROBE_STEPS, build_ivf
+from index_service.stores import NPROBE_STEPS, build_ivf, recall_by_score
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -73,7 +73,8 @@ def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dic
     calibrated = store.nprobe
     best, _ = faiss.knn(questions, vectors, K, faiss.METRIC_INNER_PRODUCT)
     kth_best = best[:, -1:]
-    faiss.omp_set_num_threads(1)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # a search on one thread, as the shard's request threads run
     steps = [s for s in (*NPROBE_STEPS, store.nlist) if s <= min(store.nlist, calibrated * 4)]
     curve = []
     for nprobe in sorted(set(steps) | {calibrated}):
@@ -83,11 +84,10 @@ def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dic
         ms = (time.perf_counter() - started) * 1000 / len(questions)
         scores = np.vstack([s for s, _ in found])
         labels = np.vstack([lab for _, lab in found])
-        hits = (scores >= kth_best - IVF_SCORE_TOLERANCE) & (labels >= 0)
-        recall = float(hits.sum() / scores.size)
+        recall = recall_by_score(scores, labels, kth_best)
         curve.append({"nprobe": nprobe, "recall_at_10": recall, "ms_per_query": ms})
         progress(f"  nprobe {nprobe}: recall@10 {recall:.3f}, {ms:.2f} ms a query")
-    faiss.omp_set_num_threads(0)
+    faiss.omp_set_num_threads(threads)
     return {
         "copies": copies,
         "chunks": len(vectors),
