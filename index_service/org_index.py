@@ -116,6 +116,13 @@ class OrgIndex:
     def kind(self) -> str:
         return self._store.kind
 
+    @property
+    def lists(self) -> tuple[int, int]:
+        """IVF lists and the calibrated number a search probes; (0, 0) for exact search."""
+        if isinstance(self._store, IvfStore):
+            return self._store.nlist, self._store.nprobe
+        return 0, 0
+
     def memory_bytes(self) -> int:
         """Approximate bytes held: the store plus the id bookkeeping (about 250 bytes a chunk)."""
         return self._store.memory_bytes() + self.size * 250
@@ -158,12 +165,15 @@ class OrgIndex:
         self._apply(labels, np.empty(0, np.int64), np.empty((0, self.dim), np.float32))
         return int(labels.size)
 
-    def search(self, query: Matrix, k: int, conversation_ids: list[str]) -> list[Hit]:
-        """Top-k by inner product; with `conversation_ids`, only their chunks are candidates."""
+    def search(
+        self, query: Matrix, k: int, conversation_ids: list[str], nprobe: int = 0
+    ) -> list[Hit]:
+        """Top-k by inner product; with `conversation_ids`, only their chunks are candidates.
+        `nprobe`, when nonzero, replaces an IVF store's calibrated one."""
         if not self._labels:
             return []
         if not conversation_ids:
-            scores, labels = self._store.search(query, k, None)
+            scores, labels = self._store.search(query, k, None, nprobe)
             return self._hits(scores[0], labels[0])
         allowed: set[int] = set()
         for conversation in set(conversation_ids):
@@ -176,7 +186,7 @@ class OrgIndex:
             # Every allowed chunk is scored, so the ranking is exact.
             scores, labels = exact_subset(self._store, query, k, subset)
         else:
-            scores, labels = self._store.search(query, k, subset)
+            scores, labels = self._store.search(query, k, subset, nprobe)
             if int((labels[0] != MISSING).sum()) < want:
                 # The probed lists held too few allowed chunks: score the subset exactly
                 # rather than answer short.

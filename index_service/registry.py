@@ -53,6 +53,8 @@ class Stats:
     index_kind: str
     memory_bytes: int
     building: bool
+    nlist: int = 0
+    nprobe: int = 0
 
 
 class Registry:
@@ -126,12 +128,19 @@ class Registry:
         return count
 
     async def search(
-        self, org_id: str, epoch: int, query: Matrix, k: int, conversation_ids: list[str]
+        self,
+        org_id: str,
+        epoch: int,
+        query: Matrix,
+        k: int,
+        conversation_ids: list[str],
+        nprobe: int = 0,
     ) -> list[Hit]:
-        """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any."""
+        """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any;
+        `nprobe` overrides the calibrated one when nonzero."""
         org = await self._ensure(org_id, epoch)
         return await self._locked(
-            org, org.index.search, query, k, conversation_ids, executor=self._requests
+            org, org.index.search, query, k, conversation_ids, nprobe, executor=self._requests
         )
 
     async def drop(self, org_id: str) -> int:
@@ -160,6 +169,7 @@ class Registry:
                 org.index.kind,
                 org.index.memory_bytes(),
                 org.rebuild is not None,
+                *org.index.lists,
             )
         orgs = list(self._orgs.values())
         return Stats(

@@ -107,7 +107,12 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             raise InvalidArgument(f"k must be between 1 and {self._max_k}")
         query = decode([request.query], self._dim)
         hits = await self._registry.search(
-            request.org_id, request.routing_epoch, query, request.k, list(request.conversation_ids)
+            request.org_id,
+            request.routing_epoch,
+            query,
+            request.k,
+            list(request.conversation_ids),
+            request.nprobe,
         )
         return index_pb2.SearchResponse(
             hits=[
@@ -128,6 +133,8 @@ class IndexServicer(index_pb2_grpc.IndexServiceServicer):
             index_kind=stats.index_kind,
             memory_bytes=stats.memory_bytes,
             building=stats.building,
+            nlist=stats.nlist,
+            nprobe=stats.nprobe,
         )
 
     async def Health(

@@ -42,7 +42,12 @@ class VectorStore(Protocol):
 
     def remove(self, labels: Labels) -> None: ...
 
-    def search(self, query: Matrix, k: int, subset: Labels | None) -> tuple[Matrix, Labels]: ...
+    def search(
+        self, query: Matrix, k: int, subset: Labels | None, nprobe: int = 0
+    ) -> tuple[Matrix, Labels]:
+        """Top-k of each query row, among `subset` when given. `nprobe`: IVF lists to probe
+        (0: the calibrated number); exact stores ignore it."""
+        ...
 
     def reconstruct(self, labels: Labels) -> Matrix: ...
 
@@ -104,7 +109,9 @@ class FlatStore:
                 self._rows[moved] = row
             self._n = last
 
-    def search(self, query: Matrix, k: int, subset: Labels | None) -> tuple[Matrix, Labels]:
+    def search(
+        self, query: Matrix, k: int, subset: Labels | None, nprobe: int = 0
+    ) -> tuple[Matrix, Labels]:
         if subset is None:
             scores = self._vectors[: self._n] @ query[0]
             labels = self._labels[: self._n]
@@ -182,11 +189,14 @@ class IvfStore:
             # The hash-table direct map removes only by an explicit id array.
             self._index.remove_ids(faiss.IDSelectorArray(labels.size, faiss.swig_ptr(labels)))
 
-    def search(self, query: Matrix, k: int, subset: Labels | None) -> tuple[Matrix, Labels]:
+    def search(
+        self, query: Matrix, k: int, subset: Labels | None, nprobe: int = 0
+    ) -> tuple[Matrix, Labels]:
+        probes = nprobe or self.nprobe  # FAISS probes at most nlist
         if subset is None:
-            params = faiss.SearchParametersIVF(nprobe=self.nprobe)
+            params = faiss.SearchParametersIVF(nprobe=probes)
         else:
-            params = faiss.SearchParametersIVF(nprobe=self.nprobe, sel=_selector(subset))
+            params = faiss.SearchParametersIVF(nprobe=probes, sel=_selector(subset))
         scores, labels = self._index.search(query, k, params=params)
         return scores, labels
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15memory/v1/index.proto\x12\tmemory.v1\"X\n\nVectorItem\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0e\n\x06vector\x18\x03 \x01(\x0c\x12\x0f\n\x07version\x18\x04 \x01(\r\"i\n\rUpsertRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12$\n\x05items\x18\x03 \x03(\x0b\x32\x15.memory.v1.VectorItem\x12\x15\n\rrouting_epoch\x18\x04 \x01(\x04\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"c\n\rDeleteRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x18\n\x10\x63onversation_ids\x18\x03 \x03(\t\x12\x15\n\rrouting_epoch\x18\x04 \x01(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\" \n\x0e\x44ropOrgRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\"\"\n\x0f\x44ropOrgResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"w\n\rSearchRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x18\n\x10\x63onversation_ids\x18\x05 \x03(\t\x12\x15\n\rrouting_epoch\x18\x06 \x01(\x04\"E\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"4\n\x0eSearchResponse\x12\"\n\x04hits\x18\x01 \x03(\x0b\x32\x14.memory.v1.SearchHit\"5\n\x0cStatsRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x15\n\rrouting_epoch\x18\x02 \x01(\x04\"j\n\rStatsResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x04\x12\x0c\n\x04orgs\x18\x02 \x01(\r\x12\x12\n\nindex_kind\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x10\n\x08\x62uilding\x18\x05 \x01(\x08\"\x14\n\x12IndexHealthRequest\"B\n\x13IndexHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04orgs\x18\x03 \x01(\r2\x92\x03\n\x0cIndexService\x12=\n\x06Upsert\x12\x18.memory.v1.UpsertRequest\x1a\x19.memory.v1.UpsertResponse\x12=\n\x06\x44\x65lete\x12\x18.memory.v1.DeleteRequest\x1a\x19.memory.v1.DeleteResponse\x12@\n\x07\x44ropOrg\x12\x19.memory.v1.DropOrgRequest\x1a\x1a.memory.v1.DropOrgResponse\x12=\n\x06Search\x12\x18.memory.v1.SearchRequest\x1a\x19.memory.v1.SearchResponse\x12:\n\x05Stats\x12\x17.memory.v1.StatsRequest\x1a\x18.memory.v1.StatsResponse\x12G\n\x06Health\x12\x1d.memory.v1.IndexHealthRequest\x1a\x1e.memory.v1.IndexHealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15memory/v1/index.proto\x12\tmemory.v1\"X\n\nVectorItem\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x0e\n\x06vector\x18\x03 \x01(\x0c\x12\x0f\n\x07version\x18\x04 \x01(\r\"i\n\rUpsertRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12$\n\x05items\x18\x03 \x03(\x0b\x32\x15.memory.v1.VectorItem\x12\x15\n\rrouting_epoch\x18\x04 \x01(\x04\"\"\n\x0eUpsertResponse\x12\x10\n\x08upserted\x18\x01 \x01(\r\"c\n\rDeleteRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x11\n\tchunk_ids\x18\x02 \x03(\t\x12\x18\n\x10\x63onversation_ids\x18\x03 \x03(\t\x12\x15\n\rrouting_epoch\x18\x04 \x01(\x04\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\" \n\x0e\x44ropOrgRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\"\"\n\x0f\x44ropOrgResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"\x87\x01\n\rSearchRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\r\n\x05query\x18\x02 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x03 \x01(\r\x12\t\n\x01k\x18\x04 \x01(\r\x12\x18\n\x10\x63onversation_ids\x18\x05 \x03(\t\x12\x15\n\rrouting_epoch\x18\x06 \x01(\x04\x12\x0e\n\x06nprobe\x18\x07 \x01(\r\"E\n\tSearchHit\x12\x10\n\x08\x63hunk_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\r\n\x05score\x18\x03 \x01(\x02\"4\n\x0eSearchResponse\x12\"\n\x04hits\x18\x01 \x03(\x0b\x32\x14.memory.v1.SearchHit\"5\n\x0cStatsRequest\x12\x0e\n\x06org_id\x18\x01 \x01(\t\x12\x15\n\rrouting_epoch\x18\x02 \x01(\x04\"\x89\x01\n\rStatsResponse\x12\x0f\n\x07vectors\x18\x01 \x01(\x04\x12\x0c\n\x04orgs\x18\x02 \x01(\r\x12\x12\n\nindex_kind\x18\x03 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x04\x12\x10\n\x08\x62uilding\x18\x05 \x01(\x08\x12\r\n\x05nlist\x18\x06 \x01(\r\x12\x0e\n\x06nprobe\x18\x07 \x01(\r\"\x14\n\x12IndexHealthRequest\"B\n\x13IndexHealthResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0c\n\x04orgs\x18\x03 \x01(\r2\x92\x03\n\x0cIndexService\x12=\n\x06Upsert\x12\x18.memory.v1.UpsertRequest\x1a\x19.memory.v1.UpsertResponse\x12=\n\x06\x44\x65lete\x12\x18.memory.v1.DeleteRequest\x1a\x19.memory.v1.DeleteResponse\x12@\n\x07\x44ropOrg\x12\x19.memory.v1.DropOrgRequest\x1a\x1a.memory.v1.DropOrgResponse\x12=\n\x06Search\x12\x18.memory.v1.SearchRequest\x1a\x19.memory.v1.SearchResponse\x12:\n\x05Stats\x12\x17.memory.v1.StatsRequest\x1a\x18.memory.v1.StatsResponse\x12G\n\x06Health\x12\x1d.memory.v1.IndexHealthRequest\x1a\x1e.memory.v1.IndexHealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,20 +45,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DROPORGREQUEST']._serialized_end=437
   _globals['_DROPORGRESPONSE']._serialized_start=439
   _globals['_DROPORGRESPONSE']._serialized_end=473
-  _globals['_SEARCHREQUEST']._serialized_start=475
-  _globals['_SEARCHREQUEST']._serialized_end=594
-  _globals['_SEARCHHIT']._serialized_start=596
-  _globals['_SEARCHHIT']._serialized_end=665
-  _globals['_SEARCHRESPONSE']._serialized_start=667
-  _globals['_SEARCHRESPONSE']._serialized_end=719
-  _globals['_STATSREQUEST']._serialized_start=721
-  _globals['_STATSREQUEST']._serialized_end=774
-  _globals['_STATSRESPONSE']._serialized_start=776
-  _globals['_STATSRESPONSE']._serialized_end=882
-  _globals['_INDEXHEALTHREQUEST']._serialized_start=884
-  _globals['_INDEXHEALTHREQUEST']._serialized_end=904
-  _globals['_INDEXHEALTHRESPONSE']._serialized_start=906
-  _globals['_INDEXHEALTHRESPONSE']._serialized_end=972
-  _globals['_INDEXSERVICE']._serialized_start=975
-  _globals['_INDEXSERVICE']._serialized_end=1377
+  _globals['_SEARCHREQUEST']._serialized_start=476
+  _globals['_SEARCHREQUEST']._serialized_end=611
+  _globals['_SEARCHHIT']._serialized_start=613
+  _globals['_SEARCHHIT']._serialized_end=682
+  _globals['_SEARCHRESPONSE']._serialized_start=684
+  _globals['_SEARCHRESPONSE']._serialized_end=736
+  _globals['_STATSREQUEST']._serialized_start=738
+  _globals['_STATSREQUEST']._serialized_end=791
+  _globals['_STATSRESPONSE']._serialized_start=794
+  _globals['_STATSRESPONSE']._serialized_end=931
+  _globals['_INDEXHEALTHREQUEST']._serialized_start=933
+  _globals['_INDEXHEALTHREQUEST']._serialized_end=953
+  _globals['_INDEXHEALTHRESPONSE']._serialized_start=955
+  _globals['_INDEXHEALTHRESPONSE']._serialized_end=1021
+  _globals['_INDEXSERVICE']._serialized_start=1024
+  _globals['_INDEXSERVICE']._serialized_end=1426
 # @@protoc_insertion_point(module_scope)

@@ -202,12 +202,18 @@ class SearchRequest(_message.Message):
     K_FIELD_NUMBER: _builtins.int
     CONVERSATION_IDS_FIELD_NUMBER: _builtins.int
     ROUTING_EPOCH_FIELD_NUMBER: _builtins.int
+    NPROBE_FIELD_NUMBER: _builtins.int
     org_id: _builtins.str
     query: _builtins.bytes
     """dim little-endian float32 values."""
     dim: _builtins.int
     k: _builtins.int
     routing_epoch: _builtins.int
+    nprobe: _builtins.int
+    """IVF lists to probe; 0: the number calibrated for the org's target recall. More than the
+    org has probes them all; exact (flat) search ignores it. For tracing recall against
+    latency (benchmarks, diagnostics): callers serving users leave it 0.
+    """
     @_builtins.property
     def conversation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """When non-empty, only chunks of these conversations are candidates."""
@@ -221,10 +227,11 @@ class SearchRequest(_message.Message):
         k: _builtins.int = ...,
         conversation_ids: _abc.Iterable[_builtins.str] | None = ...,
         routing_epoch: _builtins.int = ...,
+        nprobe: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "dim", b"dim", "k", b"k", "org_id", b"org_id", "query", b"query", "routing_epoch", b"routing_epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["conversation_ids", b"conversation_ids", "dim", b"dim", "k", b"k", "nprobe", b"nprobe", "org_id", b"org_id", "query", b"query", "routing_epoch", b"routing_epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -307,6 +314,8 @@ class StatsResponse(_message.Message):
     INDEX_KIND_FIELD_NUMBER: _builtins.int
     MEMORY_BYTES_FIELD_NUMBER: _builtins.int
     BUILDING_FIELD_NUMBER: _builtins.int
+    NLIST_FIELD_NUMBER: _builtins.int
+    NPROBE_FIELD_NUMBER: _builtins.int
     vectors: _builtins.int
     orgs: _builtins.int
     index_kind: _builtins.str
@@ -314,6 +323,11 @@ class StatsResponse(_message.Message):
     memory_bytes: _builtins.int
     building: _builtins.bool
     """True while a background rebuild of the requested org's index (or any org's) is running."""
+    nlist: _builtins.int
+    """The requested org's IVF lists and the number a search probes, calibrated to the target
+    recall; both 0 for exact search and for shard totals.
+    """
+    nprobe: _builtins.int
     def __init__(
         self,
         *,
@@ -322,10 +336,12 @@ class StatsResponse(_message.Message):
         index_kind: _builtins.str = ...,
         memory_bytes: _builtins.int = ...,
         building: _builtins.bool = ...,
+        nlist: _builtins.int = ...,
+        nprobe: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "index_kind", b"index_kind", "memory_bytes", b"memory_bytes", "orgs", b"orgs", "vectors", b"vectors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["building", b"building", "index_kind", b"index_kind", "memory_bytes", b"memory_bytes", "nlist", b"nlist", "nprobe", b"nprobe", "orgs", b"orgs", "vectors", b"vectors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -32,6 +32,16 @@ NAMES = {
 EF_SHOWN = "-ef100"
 
 
+def shard_curve(row: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """(nprobe, p50 ms, recall@10) of the shard's vector search at each nprobe timed."""
+    points = {row["shard_nprobe"]: (row["shard_search_p50_ms"], row["shard_recall_at_10"])}
+    for key in row:
+        if key.startswith("shard_nprobe") and key.endswith("_p50_ms"):
+            n = int(key.removeprefix("shard_nprobe").removesuffix("_p50_ms"))
+            points[n] = (row[key], row[f"shard_nprobe{n}_recall_at_10"])
+    return [(n, *points[n]) for n in sorted(points)]
+
+
 def _family(system: str) -> str:
     base = system.split("-ef")[0]
     return NAMES.get(base, base)
@@ -54,6 +64,9 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     if all("rest_search_own_p50_ms" in r for r in service):  # results of older runs lack it
         own = [r["rest_search_own_p50_ms"] for r in service]
         ax1.plot(sizes, own, "^-", label="REST, service's own p50")
+    if all("shard_search_p50_ms" in r for r in service):
+        shard = [r["shard_search_p50_ms"] for r in service]
+        ax1.plot(sizes, shard, "v-", label="vector search alone (shard, gRPC) p50")
     for family in sorted({_family(r["system"]) for r in others}):
         alt = [r for r in others if _family(r["system"]) == family]
         shown = [r for r in alt if r["system"].endswith(EF_SHOWN)] or alt
@@ -70,6 +83,9 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     at_largest = [r for r in others if r["service_chunks"] == largest]
     top = min(service, key=lambda r: abs(r["chunks"] - largest))
     ax2.scatter([top["mcp_search_p50_ms"]], [top["recall_at_10"]], label="memory service (MCP)")
+    if "shard_search_p50_ms" in top:
+        _, p50s, recalls = zip(*shard_curve(top), strict=True)  # one point per nprobe
+        ax2.plot(p50s, recalls, "v-", label="memory service, shard alone")
     for family in sorted({_family(r["system"]) for r in at_largest}):
         points = sorted(
             (r["search_p50_ms"], r["recall_at_10"])

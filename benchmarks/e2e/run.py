@@ -20,6 +20,9 @@ it measures:
   time, with two of its parts: `lexical` (the full-text ranking) and `rows` (reading the hits'
   chunk rows); and the vector ranking's recall@10 against exact search over the org's stored
   vectors;
+- the vector ranking alone, timed as the alternatives are: the shard's gRPC Search handed
+  the query vectors, at its calibrated nprobe and, for an IVF org, at others (recall against
+  latency);
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
   service's hybrid search needs) and Chroma, and asked the same query vectors
@@ -69,9 +72,10 @@ from mcp.client.streamable_http import streamable_http_client
 from report import plot, write
 
 from api_service import timing
-from api_service.devstack import stack_in_subprocess
+from api_service.devstack import DEV_ORG, stack_in_subprocess
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
+from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
@@ -80,6 +84,9 @@ DATA = ROOT.parent / "shared" / "data" / "longmemeval"
 GROWTH_CLIENTS = 4
 GROWTH_BATCH = 50
 K = 10
+# nprobe values the shard's vector search is also timed at (IVF only), for recall against
+# latency beside the alternatives' ef_search values.
+SHARD_NPROBES = (8, 16, 32, 64, 128, 256, 512)
 
 
 def progress(message: str) -> None:
@@ -307,6 +314,51 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
 
 
+async def shard_search(
+    args: argparse.Namespace, pg_url: str, queries: np.ndarray, recall: Recall
+) -> dict[str, Any]:
+    """The service's vector ranking timed as the alternatives are: handed the query vector,
+    one client, over its connection (the shard's gRPC Search; no HTTP, authentication,
+    embedding or chunk rows). At the calibrated nprobe, and for an IVF org at SHARD_NPROBES."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        org_id = await conn.fetchval("SELECT org_id FROM orgs WHERE name = $1", DEV_ORG)
+    finally:
+        await conn.close()
+    epoch = routing_epoch([args.index_address])  # the api's: a different one reloads the org
+    async with grpc.aio.insecure_channel(args.index_address) as channel:
+        shard = index_pb2_grpc.IndexServiceStub(channel)
+        stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
+
+        async def timed(nprobe: int) -> tuple[float, float, float]:
+            times, found = [], []
+            for i, query in enumerate(itertools.chain(queries[:10], queries)):  # 10 warm-up
+                request = index_pb2.SearchRequest(
+                    org_id=org_id,
+                    query=query.astype("<f4").tobytes(),
+                    dim=query.size,
+                    k=K,
+                    routing_epoch=epoch,
+                    nprobe=nprobe,
+                )
+                t0 = time.perf_counter()
+                reply = await shard.Search(request, timeout=60)
+                if i >= 10:
+                    times.append(time.perf_counter() - t0)
+                    found.append([h.chunk_id for h in reply.hits])
+            return (*percentiles(times), recall(found))
+
+        figures: dict[str, Any] = {"shard_nlist": stats.nlist, "shard_nprobe": stats.nprobe}
+        p50, p99, figures["shard_recall_at_10"] = await timed(0)
+        figures["shard_search_p50_ms"], figures["shard_search_p99_ms"] = p50, p99
+        for nprobe in (n for n in SHARD_NPROBES if n < stats.nlist):
+            p50, p99, found_share = await timed(nprobe)
+            figures[f"shard_nprobe{nprobe}_p50_ms"] = p50
+            figures[f"shard_nprobe{nprobe}_p99_ms"] = p99
+            figures[f"shard_nprobe{nprobe}_recall_at_10"] = found_share
+    return figures
+
+
 class Recall:
     """Recall@10 against exact search over the stored vectors, by score: a found chunk is a hit
     if it scores at least the exact 10th best. Equal vectors (a short chunk that no respelling
@@ -374,6 +426,7 @@ async def measure(
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
             row["recall_at_10"] = recall(found)
+            row.update(await shard_search(args, pg_url, queries, recall))
             progress(f"  service: {row}")
             rows.append(row)
             save(rows)

@@ -6,6 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
+from index_service.stores import IVF_SCORE_TOLERANCE
 from memory_proto import index_pb2
 from tests.index.helpers import DIM, clustered, hit_tuples, search_request, shard, upsert_request
 
@@ -74,6 +75,37 @@ async def test_filters_are_exact_even_for_low_ranking_conversations(threshold: i
         assert len(both) == 50 and {h[1] for h in both} <= {"conv_low", "conv_3"}
         unknown = await stub.Search(search_request("org_f", query, 5, ["conv_missing"]))
         assert not unknown.hits
+
+
+@pytest.mark.parametrize("threshold", [100_000, 500], ids=["flat", "ivf"])
+async def test_nprobe_trades_recall_for_reading_fewer_lists(threshold: int) -> None:
+    vectors = clustered(3000, seed=8, spread=4.0)  # loose topics: neighbours span lists
+    queries = clustered(40, seed=9, spread=4.0)
+    exact_kth = -np.sort(-(queries @ vectors.T), axis=1)[:, 9]
+    chunks = [(f"chk_{i}", f"conv_{i % 20}", vectors[i]) for i in range(3000)]
+
+    async def recall(nprobe: int) -> float:
+        hits = 0
+        for query, kth in zip(queries, exact_kth, strict=True):
+            request = search_request("org_p", query, 10)
+            request.nprobe = nprobe
+            scores = [h.score for h in (await stub.Search(request)).hits]
+            hits += sum(score >= kth - IVF_SCORE_TOLERANCE for score in scores)
+        return hits / (10 * len(queries))
+
+    async with shard(flat_threshold=threshold) as (server, stub):
+        for start in range(0, 3000, 500):
+            await stub.Upsert(upsert_request("org_p", chunks[start : start + 500]))
+        await server.registry.settle()
+        stats = await stub.Stats(index_pb2.StatsRequest(org_id="org_p"))
+        if threshold > 3000:  # exact search has no lists: nprobe changes nothing
+            assert (stats.nlist, stats.nprobe) == (0, 0)
+            assert await recall(1) == await recall(0) == 1.0
+            return
+        assert 1 < stats.nprobe < stats.nlist
+        assert await recall(stats.nprobe) == await recall(0)  # 0: the calibrated number
+        assert await recall(1 << 20) == 1.0  # more than the org's lists: all of them
+        assert await recall(1) < await recall(0) <= 1.0
 
 
 async def test_orgs_are_isolated_in_one_shard() -> None:
