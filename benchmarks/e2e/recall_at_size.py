@@ -6,8 +6,9 @@ Repeats the e2e benchmark's conversations (corpus.py) up to --size chunks, as ex
 respelt as the benchmark grows them, chunks them as the service does, embeds them with the
 hashing embedder, and builds the IVF index a rebuild at that size builds. Then, for each
 nprobe: recall@10 of the s150 questions against exact search (by score, as the e2e benchmark
-counts it) and the time of one query on one thread. The nprobe that calibration chose is
-marked. Writes results/recall-at-size-<size>.json and .png.
+counts it), beside that of a fresh draw of each kind of query calibration asks, and the time
+of one question on one thread. The nprobe that calibration chose is marked. Writes
+results/recall-at-size-<size>.json and .png.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from corpus import conversations
 
 from api_service.core.chunking import chunk_text, window_end, window_starts_touching
 from embed_service.hashing import HashingEmbedder
-from index_service.stores import NPROBE_STEPS, build_ivf, recall_by_score
+from index_service.stores import NPROBE_STEPS, build_ivf, calibration_queries, recall_by_score
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -73,6 +74,9 @@ def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dic
     calibrated = store.nprobe
     best, _ = faiss.knn(questions, vectors, K, faiss.METRIC_INNER_PRODUCT)
     kth_best = best[:, -1:]
+    # A fresh draw of the kind of queries calibration asks, for their recall beside the
+    # questions' at each nprobe.
+    synthetic = calibration_queries(vectors, np.random.default_rng(7), K)
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)  # a search on one thread, as the shard's request threads run
     steps = [s for s in (*NPROBE_STEPS, store.nlist) if s <= min(store.nlist, calibrated * 4)]
@@ -85,8 +89,23 @@ def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dic
         scores = np.vstack([s for s, _ in found])
         labels = np.vstack([lab for _, lab in found])
         recall = recall_by_score(scores, labels, kth_best)
-        curve.append({"nprobe": nprobe, "recall_at_10": recall, "ms_per_query": ms})
-        progress(f"  nprobe {nprobe}: recall@10 {recall:.3f}, {ms:.2f} ms a query")
+        calibration = {
+            kind: recall_by_score(*store.search(q, K, None), kth_best)
+            for kind, (q, kth_best) in synthetic.items()
+        }
+        curve.append(
+            {
+                "nprobe": nprobe,
+                "recall_at_10": recall,
+                "calibration_recall_at_10": calibration,
+                "ms_per_query": ms,
+            }
+        )
+        kinds = ", ".join(f"{kind} {r:.3f}" for kind, r in calibration.items())
+        progress(
+            f"  nprobe {nprobe}: recall@10 {recall:.3f} (calibration's queries: {kinds}), "
+            f"{ms:.2f} ms a query"
+        )
     faiss.omp_set_num_threads(threads)
     return {
         "copies": copies,
@@ -105,6 +124,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         nprobe = [p["nprobe"] for p in run["curve"]]
         label = f"{run['copies']} copies ({run['distinct_vectors']:,} distinct)"
         (line,) = ax1.plot(nprobe, [p["recall_at_10"] for p in run["curve"]], "o-", label=label)
+        kinds = run["curve"][0].get("calibration_recall_at_10", {})  # older results lack it
+        for kind, style in zip(kinds, (":", "-."), strict=False):
+            synthetic = [p["calibration_recall_at_10"][kind] for p in run["curve"]]
+            color = line.get_color()
+            ax1.plot(nprobe, synthetic, style, color=color, label=f"  calibration's {kind} queries")
         ax2.plot(nprobe, [p["ms_per_query"] for p in run["curve"]], "o-", label=label)
         chosen = next(p for p in run["curve"] if p["nprobe"] == run["calibrated_nprobe"])
         ax1.plot([chosen["nprobe"]], [chosen["recall_at_10"]], "*", ms=16, color=line.get_color())

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from index_service.org_index import SNAPSHOT_SLACK, OrgIndex
-from index_service.stores import IVF_SCORE_TOLERANCE, build_ivf, nlist_for
+from index_service.stores import (
+    IVF_SCORE_TOLERANCE,
+    MIN_NPROBE,
+    NPROBE_STEPS,
+    build_ivf,
+    calibration_queries,
+    nlist_for,
+    recall_by_score,
+)
 from tests.index.helpers import DIM, clustered
 
 
@@ -147,6 +155,27 @@ def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
     scores, _ = store.search(queries, 10, None)
     best = np.sort(queries @ vectors.T, axis=1)[:, -10:][:, ::-1]
     assert ((scores >= best[:, -1:] - IVF_SCORE_TOLERANCE).sum() / scores.size) >= 0.95
+
+
+def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
+    """The chosen nprobe is the first at which every kind of calibration query reaches the
+    target on its own: an average would let the easy kind carry the hard one (here the
+    average passes a step earlier, where the answer queries fall well short)."""
+    gaussian = np.random.default_rng(3).standard_normal((3_000, DIM))
+    vectors = (gaussian / np.linalg.norm(gaussian, axis=1, keepdims=True)).astype(np.float32)
+    target = 0.93
+    store = build_ivf(np.arange(len(vectors), dtype=np.int64), vectors, target_recall=target)
+    # The build's own draw: its generator, seeded 1234, draws no training sample at this size.
+    kinds = calibration_queries(vectors, np.random.default_rng(1234))
+
+    def recalls(nprobe: int) -> list[float]:
+        store.nprobe = nprobe
+        return [recall_by_score(*store.search(q, 10, None), kth) for q, kth in kinds.values()]
+
+    chosen = store.nprobe
+    assert MIN_NPROBE < chosen < store.nlist
+    assert min(recalls(chosen)) >= target
+    assert min(recalls(max(s for s in NPROBE_STEPS if s < chosen))) < target
 
 
 def test_ivf_scores_from_float16_codes_are_close_to_exact() -> None:
