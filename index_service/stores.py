@@ -297,7 +297,7 @@ def calibration_queries(
     a question's top 10 is flat: the hard ones are where recall is lost. Answer queries at
     that median found 0.98 at the nprobe where the questions found 0.939 (1M chunks of the
     e2e corpus, hashing embedder); at 0.3, about the questions' 10th percentile, they found
-    within 0.01 of the questions at 100k and 1M chunks (nprobe 96-512).
+    within 0.011 of the questions, or less, at 100k and 1M chunks (docs/performance.md).
     """
     n = vectors.shape[0]
     anchors = vectors[rng.choice(n, min(200, n), replace=False)]
