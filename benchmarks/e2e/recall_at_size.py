@@ -133,7 +133,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         chosen = next(p for p in run["curve"] if p["nprobe"] == run["calibrated_nprobe"])
         ax1.plot([chosen["nprobe"]], [chosen["recall_at_10"]], "*", ms=16, color=line.get_color())
     ax1.axhline(result["target_recall"], ls="--", color="grey", label="calibration target")
-    ax1.set(xscale="log", xlabel="nprobe", ylabel="recall@10 of questions", ylim=(0, 1.02))
+    ax1.set(xscale="log", xlabel="nprobe", ylabel="recall@10", ylim=(0, 1.02))
     ax1.set_title("★ the nprobe calibration chose")
     ax2.set(xscale="log", yscale="log", xlabel="nprobe", ylabel="ms a query, one thread")
     ax1.legend(fontsize=8)

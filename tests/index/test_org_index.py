@@ -159,11 +159,11 @@ def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
 
 def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
     """The chosen nprobe is the first at which every kind of calibration query reaches the
-    target on its own: an average would let the easy kind carry the hard one (here the
-    average passes a step earlier, where the answer queries fall well short)."""
+    target on its own. On random vectors the answer queries lag the topic queries, and their
+    average passes a step earlier: a rule on the average would stop there."""
     gaussian = np.random.default_rng(3).standard_normal((3_000, DIM))
     vectors = (gaussian / np.linalg.norm(gaussian, axis=1, keepdims=True)).astype(np.float32)
-    target = 0.93
+    target = 0.92
     store = build_ivf(np.arange(len(vectors), dtype=np.int64), vectors, target_recall=target)
     # The build's own draw: its generator, seeded 1234, draws no training sample at this size.
     kinds = calibration_queries(vectors, np.random.default_rng(1234))
@@ -175,7 +175,8 @@ def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
     chosen = store.nprobe
     assert MIN_NPROBE < chosen < store.nlist
     assert min(recalls(chosen)) >= target
-    assert min(recalls(max(s for s in NPROBE_STEPS if s < chosen))) < target
+    earlier = recalls(max(s for s in NPROBE_STEPS if s < chosen))
+    assert min(earlier) < target <= float(np.mean(earlier))
 
 
 def test_ivf_scores_from_float16_codes_are_close_to_exact() -> None:
