@@ -51,10 +51,10 @@ def main() -> None:
     for nprobe in (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512):
         if nprobe > store.nlist:
             break
-        store.nprobe = nprobe
-        row = {"questions": recall_by_score(*store.search(questions, K, None), best[:, -1:])}
+        found = store.search(questions, K, None, nprobe)
+        row = {"questions": recall_by_score(*found, best[:, -1:])}
         for name, q in variants.items():
-            row[name] = recall_by_score(*store.search(q, K, None), kth[name])
+            row[name] = recall_by_score(*store.search(q, K, None, nprobe), kth[name])
         print(nprobe, {name: round(r, 3) for name, r in row.items()}, flush=True)
 
 

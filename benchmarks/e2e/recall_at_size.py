@@ -82,16 +82,15 @@ def measure(copies: str, args: argparse.Namespace, questions: np.ndarray) -> dic
     steps = [s for s in (*NPROBE_STEPS, store.nlist) if s <= min(store.nlist, calibrated * 4)]
     curve = []
     for nprobe in sorted(set(steps) | {calibrated}):
-        store.nprobe = nprobe
         started = time.perf_counter()
-        found = [store.search(q[None, :], K, None) for q in questions]
+        found = [store.search(q[None, :], K, None, nprobe) for q in questions]
         ms = (time.perf_counter() - started) * 1000 / len(questions)
         scores = np.vstack([s for s, _ in found])
         labels = np.vstack([lab for _, lab in found])
         recall = recall_by_score(scores, labels, kth_best)
         calibration = {
-            kind: recall_by_score(*store.search(q, K, None), kth_best)
-            for kind, (q, kth_best) in synthetic.items()
+            kind: recall_by_score(*store.search(q, K, None, nprobe), kth)
+            for kind, (q, kth) in synthetic.items()
         }
         curve.append(
             {

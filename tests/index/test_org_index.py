@@ -169,8 +169,9 @@ def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
     kinds = calibration_queries(vectors, np.random.default_rng(1234))
 
     def recalls(nprobe: int) -> list[float]:
-        store.nprobe = nprobe
-        return [recall_by_score(*store.search(q, 10, None), kth) for q, kth in kinds.values()]
+        return [
+            recall_by_score(*store.search(q, 10, None, nprobe), kth) for q, kth in kinds.values()
+        ]
 
     chosen = store.nprobe
     assert MIN_NPROBE < chosen < store.nlist
