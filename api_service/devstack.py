@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -243,14 +244,22 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 
 @contextlib.contextmanager
 def stack_in_subprocess(
-    data_dir: Path, port: int, embedder: str = "transformer", env: dict[str, str] | None = None
+    data_dir: Path,
+    port: int,
+    embedder: str = "transformer",
+    env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> Iterator[tuple[str, str]]:
-    """`memctl up` in a child process on its own data folder, for benchmarks and load tests.
+    """`memctl up` in a child process on its own data folder, for benchmarks and load tests;
+    `fresh` empties the folder first.
 
     Yields (base_url, api key) once every service is ready; the services' output goes to
     `data_dir/stack.log`. Uses the embedded PostgreSQL (DATABASE_URL is not passed on)."""
     if _in_use(port):
+        # Checked before the folder is emptied: it may be that of the stack on the port.
         raise CliError(f"port {port} is already in use on 127.0.0.1; choose another")
+    if fresh:
+        shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
     child_env.pop("DATABASE_URL", None)

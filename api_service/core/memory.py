@@ -116,33 +116,36 @@ class MemoryService:
         )
         message_ids = [new_id("msg") for _ in items]
         new_conversations = 0
-        async with (
-            self._embedding_ahead() as ahead,
-            self._pool.acquire() as conn,
-            conn.transaction(),
-        ):
-            if conversation_id is None:
-                default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
-                conversation_id, created = await repo.default_conversation_id(
-                    conn, who.org_id, new_id("conv"), default_size, DEFAULT_MEMORY_TITLE
+        with timing.part("write"):
+            async with (
+                self._embedding_ahead() as ahead,
+                self._pool.acquire() as conn,
+                conn.transaction(),
+            ):
+                if conversation_id is None:
+                    default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
+                    conversation_id, created = await repo.default_conversation_id(
+                        conn, who.org_id, new_id("conv"), default_size, DEFAULT_MEMORY_TITLE
+                    )
+                    if created:
+                        new_conversations, added_bytes = 1, added_bytes + default_size
+                count = await repo.reserve_sequences(
+                    conn, who.org_id, conversation_id, len(items), added_bytes
                 )
-                if created:
-                    new_conversations, added_bytes = 1, added_bytes + default_size
-            count = await repo.reserve_sequences(
-                conn, who.org_id, conversation_id, len(items), added_bytes
-            )
-            if count is None:
-                raise conversation_not_found()
-            first = count - len(items) + 1
-            starts = chunking.window_starts_touching(first, count, count)
-            lines = await repo.insert_messages(
-                conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
-            )
-            lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
-            charge = _plan_charge(who, storage_bytes=added_bytes, conversations=new_conversations)
-            queued = await self._write_windows(
-                conn, who, conversation_id, starts, count, lines, ahead, charge
-            )
+                if count is None:
+                    raise conversation_not_found()
+                first = count - len(items) + 1
+                starts = chunking.window_starts_touching(first, count, count)
+                lines = await repo.insert_messages(
+                    conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
+                )
+                lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
+                charge = _plan_charge(
+                    who, storage_bytes=added_bytes, conversations=new_conversations
+                )
+                queued = await self._write_windows(
+                    conn, who, conversation_id, starts, count, lines, ahead, charge
+                )
         await self._await_indexing(queued, ahead)
         return {
             "appended": len(items),
