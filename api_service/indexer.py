@@ -12,6 +12,9 @@ outbox.
 
 A second task keeps the term statistics of the orgs it indexed current for lexical search
 (store/lexical.py); a recount of a large org takes seconds, so it never holds up the outbox.
+A third moves new full text from the GIN index's pending list into the index each second
+after chunks were indexed here, so that neither an append nor a search has to
+(lexical.flush_pending).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ LEASE_SECONDS = 60
 MAX_BACKOFF_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STATS_CHECK_SECONDS = 10.0
+FLUSH_SECONDS = 1.0
 DONE_REMEMBERED = 10_000
 
 
@@ -98,6 +102,7 @@ class Indexer:
         self._tasks: list[asyncio.Task[None]] = []
         self._own: dict[asyncio.Task[None], int] = {}  # appends' indexing under way: job ids
         self._orgs_changed: set[str] = set()
+        self._chunks_indexed = False  # since the last flush of the full-text index
         self._done_here: set[int] = set()  # the last DONE_REMEMBERED jobs finished here
         self._done_order: collections.deque[int] = collections.deque()
 
@@ -105,6 +110,7 @@ class Indexer:
         self._tasks = [
             asyncio.create_task(self._run(), name="indexer"),
             asyncio.create_task(self._keep_term_stats(), name="indexer-term-stats"),
+            asyncio.create_task(self._keep_full_text_index(), name="indexer-full-text"),
             asyncio.create_task(self._leases.keep(), name="indexer-leases"),
         ]
 
@@ -312,6 +318,26 @@ class Indexer:
                     log.warning("indexer: term statistics not refreshed (%s)", type(exc).__name__)
                     self._orgs_changed.add(org_id)
 
+    async def _keep_full_text_index(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            if not self._chunks_indexed:
+                continue
+            self._chunks_indexed = False
+            try:
+                async with self._pool.acquire() as conn:
+                    await lexical.flush_pending(conn)
+            except asyncpg.InsufficientPrivilegeError:
+                log.warning(
+                    "indexer: the service's role does not own %s; inserts move its pending "
+                    "list into it themselves",
+                    lexical.FULL_TEXT_INDEX,
+                )
+                return
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("indexer: full-text index not flushed (%s)", type(exc).__name__)
+                self._chunks_indexed = True
+
     async def _lease(self) -> list[Job]:
         # Jobs that appends here are still indexing themselves stay theirs past the lease: a
         # slow embedding (the model on a CPU) must not be done twice in one process.
@@ -415,6 +441,7 @@ class Indexer:
         while len(self._done_order) > DONE_REMEMBERED:
             self._done_here.discard(self._done_order.popleft())
         self._orgs_changed.update(job.org_id for job in jobs)
+        self._chunks_indexed = True
         if requeued:
             self.notify()
 

@@ -3,7 +3,8 @@
 Usage: python benchmarks/redaction/longmemeval.py [--data DIR] [--out FILE]
 
 Ordinary conversation should hold almost no secrets, so each redaction here is a likely false
-positive; the examples are written out for review.
+positive; the examples are written out for review. Also times the redactor: microseconds a
+message, and a KB of text.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
         seen: set[str] = set()
         kinds: Counter[str] = Counter()
         examples: list[dict[str, str]] = []
-        messages = with_findings = 0
+        messages = with_findings = chars = 0
+        redacting = 0.0
         with gzip.open(args.data / f"{name}.conversations.jsonl.gz", "rt") as lines:
             for line in lines:
                 for message in json.loads(line)["messages"]:
@@ -42,7 +44,10 @@ def main() -> None:
                         continue
                     seen.add(content)
                     messages += 1
+                    chars += len(content)
+                    t0 = time.perf_counter()
                     redacted, found = redactor.redact(content)
+                    redacting += time.perf_counter() - t0
                     kinds.update(found)
                     with_findings += bool(found)
                     if found and len(examples) < 50:
@@ -53,9 +58,13 @@ def main() -> None:
             "redactions": sum(kinds.values()),
             "by_kind": dict(kinds),
             "examples": examples,
+            "mean_chars": round(chars / messages),
+            "us_per_message": round(redacting / messages * 1e6, 1),
+            "us_per_kb": round(redacting / chars * 1e9, 1),
         }
         print(
-            f"{name}: {messages} distinct messages, {sum(kinds.values())} redactions {dict(kinds)}",
+            f"{name}: {messages} distinct messages, {sum(kinds.values())} redactions "
+            f"{dict(kinds)}, {redacting / messages * 1e6:.1f} us a message",
             flush=True,
         )
     report["seconds"] = round(time.perf_counter() - started, 1)

@@ -1,13 +1,17 @@
-"""Lexical search on the real PostgreSQL: BM25 order, scope, org isolation, and the org-wide
-plan of a large org (term statistics, matching on the rarest words, the GIN index)."""
+"""Lexical search on the real PostgreSQL: BM25 order, scope, org isolation, the org-wide plan
+of a large org (term statistics, matching on the rarest words, the GIN index), and the
+indexer's flush of the GIN index's pending list."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
+from api_service import indexer
+from api_service.clients import EmbedClient, IndexRouter
 from api_service.store import admin, lexical
 
 FILLER = "we talked about the weather and the garden and the plans for the weekend"
@@ -174,3 +178,51 @@ async def _chunk_reads(conn: asyncpg.Connection) -> dict[str, int]:
            SELECT 'seq_scan', seq_scan FROM pg_stat_user_tables WHERE relname = 'chunks'"""
     )
     return {r["name"]: r["reads"] for r in rows}
+
+
+async def _pending_pages(conn: asyncpg.Connection) -> int:
+    """Pages of the full-text index's pending list (pgstattuple, PostgreSQL's contrib)."""
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+    pages = await conn.fetchval(
+        "SELECT pending_pages FROM pgstatginindex($1::regclass)", lexical.FULL_TEXT_INDEX
+    )
+    return int(pages)
+
+
+async def test_new_full_text_waits_in_the_pending_list_until_flushed(
+    conn: asyncpg.Connection,
+) -> None:
+    await _seed(conn, "org_a", {"conv_1": [f"{FILLER}; the plumber {i}" for i in range(50)]})
+    assert await _pending_pages(conn) > 0
+    assert await lexical.flush_pending(conn) > 0
+    assert await _pending_pages(conn) == 0
+    assert await lexical.flush_pending(conn) == 0
+
+
+async def test_the_indexer_flushes_the_pending_list_after_it_indexed_chunks(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(indexer, "FLUSH_SECONDS", 0.05)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    # Clients that are never called: only the flush runs.
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    flushing = asyncio.create_task(worker._keep_full_text_index())
+    try:
+        async with pool.acquire() as conn:
+            await _seed(
+                conn, "org_a", {"conv_1": [f"{FILLER}; the plumber {i}" for i in range(50)]}
+            )
+            await asyncio.sleep(0.3)
+            assert await _pending_pages(conn) > 0  # nothing indexed here yet: left alone
+            await worker._finish([], [])  # as after a batch of jobs
+            for _ in range(100):
+                if await _pending_pages(conn) == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert await _pending_pages(conn) == 0
+    finally:
+        flushing.cancel()
+        await pool.close()

@@ -75,6 +75,9 @@ SECRETS = [
     ),
     ("card_number", "charge my card 4242 4242 4242 4242, exp 04/29", "4242 4242 4242 4242"),
     ("card_number", "amex 3782-822463-10005 please", "3782-822463-10005"),
+    # The fewest digits a card has, and a card in text that is not ASCII.
+    ("card_number", "old visa 4222222222222 still works", "4222222222222"),
+    ("card_number", "carte 4242 4242 4242 4242 \u2014 merci", "4242 4242 4242 4242"),
     ("private_key", f"here is the deploy key:\n{PEM}\nthanks", PEM),
     # Cut short: no END line, so the header and the base64 lines after it go.
     ("private_key", f"the first half:\n{PEM[:-34]}", PEM[:-34]),
