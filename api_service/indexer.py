@@ -13,8 +13,8 @@ outbox.
 A second task keeps the term statistics of the orgs it indexed current for lexical search
 (store/lexical.py); a recount of a large org takes seconds, so it never holds up the outbox.
 A third moves new full text from the GIN index's pending list into the index each second
-after chunks were indexed here, so that neither an append nor a search has to
-(lexical.flush_pending).
+after jobs were finished here (lexical.flush_pending): an append then seldom has to, and a
+search reads a short list.
 """
 
 from __future__ import annotations
@@ -327,16 +327,20 @@ class Indexer:
             try:
                 async with self._pool.acquire() as conn:
                     await lexical.flush_pending(conn)
-            except asyncpg.InsufficientPrivilegeError:
+            except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedTableError) as exc:
                 log.warning(
-                    "indexer: the service's role does not own %s; inserts move its pending "
-                    "list into it themselves",
+                    "indexer: %s cannot be flushed (%s); inserts move its pending list into "
+                    "it themselves. Make the service's role its owner (ALTER INDEX ... OWNER "
+                    "TO) and restart to flush it in the background.",
                     lexical.FULL_TEXT_INDEX,
+                    type(exc).__name__,
                 )
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("indexer: full-text index not flushed (%s)", type(exc).__name__)
                 self._chunks_indexed = True
+            except Exception:  # a bug must not end the task unseen, nor fail the shutdown
+                log.exception("indexer: full-text index not flushed")
 
     async def _lease(self) -> list[Job]:
         # Jobs that appends here are still indexing themselves stay theirs past the lease: a

@@ -39,7 +39,7 @@ STATS_DRIFT = 1.0
 # The GIN index over the chunks' full text. New entries go to its pending list, which every
 # search through the index reads in full, and an insert that finds the list past
 # gin_pending_list_limit (4 MB) moves it into the index itself: at 1M chunks that held an
-# append up for 0.3-0.5 s (docs/performance.md). The indexer moves it in the background.
+# append up for 0.3-0.6 s (docs/performance.md). The indexer moves it in the background.
 FULL_TEXT_INDEX = "chunks_text_search"
 
 
@@ -139,7 +139,13 @@ async def refresh_stats(conn: Conn, org_id: str) -> bool:
 
 
 async def flush_pending(conn: Conn) -> int:
-    """Move the full-text index's pending entries into the index; returns the pages emptied.
-    The service's role must own the index (as it does the tables it migrates)."""
-    pages = await conn.fetchval("SELECT gin_clean_pending_list($1::regclass)", FULL_TEXT_INDEX)
+    """Move the full-text index's pending entries into the index; returns the pages emptied,
+    0 when another replica is at it (a second flush would wait for the first, holding a
+    connection, then find the list empty). The service's role must own the index, as it does
+    the tables it migrates."""
+    pages = await conn.fetchval(
+        """SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended('full_text_flush', 0))
+                       THEN gin_clean_pending_list($1::regclass) ELSE 0 END""",
+        FULL_TEXT_INDEX,
+    )
     return int(pages)

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,16 @@ async def search_pass(http: httpx.AsyncClient, questions: list[str]) -> dict[str
     for question in questions:
         r = await http.get("/api/v1/search", params={"q": question, "limit": 10})
         r.raise_for_status()
-        lexical.append(timing.parse(r.headers["server-timing"])["lexical"])
+        lexical.append(timing.parse(r.headers["server-timing"]).get("lexical", 0.0))
     return {
         "lexical_p50_ms": float(np.percentile(lexical, 50)),
         "lexical_p99_ms": float(np.percentile(lexical, 99)),
     }
 
 
-async def append_chunks(http: httpx.AsyncClient, source: Any, chunks: int) -> dict[str, float]:
+async def append_chunks(
+    http: httpx.AsyncClient, source: Iterator[list[dict[str, str]]], chunks: int
+) -> dict[str, float]:
     took, added = [], 0
     while added < chunks:
         messages = next(source)
@@ -129,17 +132,23 @@ def main() -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--chunks", type=int, default=3000, help="chunks appended each round")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, choices=range(1, 11), metavar="1-10")
+    parser.add_argument(
+        "--embedder",
+        choices=["hashing", "transformer"],
+        default="hashing",
+        help="the one the org was grown with",
+    )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
-    parser.add_argument("--machine", default="x86_64 CPU")
+    parser.add_argument("--machine", default="x86_64 CPU", help="the machine, for the results")
     parser.add_argument("--out", default="appends-on-a-grown-org", help="results file name")
     args = parser.parse_args()
     if not (args.data_dir / "postgres").is_dir():
         parser.error(f"no grown org in {args.data_dir}: run benchmarks/e2e/run.py first")
     progress(f"starting the stack on {args.data_dir}; logs in {args.data_dir / 'stack.log'}")
-    with stack_in_subprocess(args.data_dir, args.port, "hashing") as (base_url, key):
+    with stack_in_subprocess(args.data_dir, args.port, args.embedder) as (base_url, key):
         pg_url, server = start_embedded(args.data_dir / "postgres")
         try:
             result = asyncio.run(measure(args, base_url, key, pg_url))

@@ -182,9 +182,11 @@ async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float
             own.append(without_embedding(timings) / 1000)
             for name, times in parts.items():
                 times.append(timings.get(name, 0.0) / 1000)
-    figures = {}
-    for name, times in {"": whole, "_own": own, **{f"_{n}": t for n, t in parts.items()}}.items():
-        figures[f"append{name}_p50_ms"], figures[f"append{name}_p99_ms"] = percentiles(times)
+    figures: dict[str, float] = {}
+    for name, times in [("append", whole), ("append_own", own)] + [
+        (f"append_{part}", times) for part, times in parts.items()
+    ]:
+        figures[f"{name}_p50_ms"], figures[f"{name}_p99_ms"] = percentiles(times)
     return figures
 
 

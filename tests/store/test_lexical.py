@@ -5,6 +5,7 @@ indexer's flush of the GIN index's pending list."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -180,49 +181,72 @@ async def _chunk_reads(conn: asyncpg.Connection) -> dict[str, int]:
     return {r["name"]: r["reads"] for r in rows}
 
 
-async def _pending_pages(conn: asyncpg.Connection) -> int:
-    """Pages of the full-text index's pending list (pgstattuple, PostgreSQL's contrib)."""
-    await conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
-    pages = await conn.fetchval(
-        "SELECT pending_pages FROM pgstatginindex($1::regclass)", lexical.FULL_TEXT_INDEX
-    )
-    return int(pages)
-
-
 async def test_new_full_text_waits_in_the_pending_list_until_flushed(
     conn: asyncpg.Connection,
 ) -> None:
     await _seed(conn, "org_a", {"conv_1": [f"{FILLER}; the plumber {i}" for i in range(50)]})
-    assert await _pending_pages(conn) > 0
-    assert await lexical.flush_pending(conn) > 0
-    assert await _pending_pages(conn) == 0
+    assert await lexical.flush_pending(conn) > 0  # the pages the new entries took
     assert await lexical.flush_pending(conn) == 0
+    assert len(await lexical.search(conn, "org_a", "plumber", 60, None)) == 50
 
 
-async def test_the_indexer_flushes_the_pending_list_after_it_indexed_chunks(
+async def test_the_indexer_flushes_the_pending_list_after_it_finished_jobs(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    flushed: list[int] = []
+    flush = lexical.flush_pending
+    called = asyncio.Event()
+
+    async def watched_flush(conn: asyncpg.Connection) -> int:
+        flushed.append(await flush(conn))
+        called.set()
+        return flushed[-1]
+
+    monkeypatch.setattr(lexical, "flush_pending", watched_flush)
     monkeypatch.setattr(indexer, "FLUSH_SECONDS", 0.05)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
-    assert pool is not None
-    # Clients that are never called: only the flush runs.
-    worker = indexer.Indexer(
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
-    )
-    flushing = asyncio.create_task(worker._keep_full_text_index())
-    try:
+    async with _flushing_indexer(database_url) as (pool, worker, task):
         async with pool.acquire() as conn:
             await _seed(
                 conn, "org_a", {"conv_1": [f"{FILLER}; the plumber {i}" for i in range(50)]}
             )
             await asyncio.sleep(0.3)
-            assert await _pending_pages(conn) > 0  # nothing indexed here yet: left alone
+            assert flushed == []  # nothing finished here yet: left alone
             await worker._finish([], [])  # as after a batch of jobs
-            for _ in range(100):
-                if await _pending_pages(conn) == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert await _pending_pages(conn) == 0
+            await asyncio.wait_for(called.wait(), 5)
+            assert flushed[0] > 0
+            assert await flush(conn) == 0
+        assert not task.done()
+
+
+async def test_the_flush_stops_for_good_where_the_role_does_not_own_the_index(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refused(conn: asyncpg.Connection) -> int:
+        raise asyncpg.InsufficientPrivilegeError("must be owner of index chunks_text_search")
+
+    monkeypatch.setattr(lexical, "flush_pending", refused)
+    monkeypatch.setattr(indexer, "FLUSH_SECONDS", 0.05)
+    async with _flushing_indexer(database_url) as (_, worker, task):
+        await worker._finish([], [])
+        await asyncio.wait_for(task, 5)  # ends, without raising
+    assert "OWNER TO" in caplog.text
+
+
+@contextlib.asynccontextmanager
+async def _flushing_indexer(
+    database_url: str,
+) -> AsyncIterator[tuple[asyncpg.Pool, indexer.Indexer, asyncio.Task[None]]]:
+    """A pool, an Indexer whose clients are never called, and its flush task, running."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    task = asyncio.create_task(worker._keep_full_text_index())
+    try:
+        yield pool, worker, task
     finally:
-        flushing.cancel()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await pool.close()
