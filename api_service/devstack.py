@@ -61,6 +61,22 @@ def _in_use(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _postgres_running(pgdata: Path) -> int | None:
+    """The pid of the PostgreSQL server running on `pgdata`, from its postmaster.pid; None
+    when there is none (no file, or one a server that crashed left behind)."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid
+
+
 def _wait_ready(
     name: str, check: Callable[[], bool], procs: list[subprocess.Popen[bytes]], timeout: float
 ) -> None:
@@ -259,6 +275,12 @@ def stack_in_subprocess(
         # Checked before the folder is emptied: it may be that of the stack on the port.
         raise CliError(f"port {port} is already in use on 127.0.0.1; choose another")
     if fresh:
+        running = _postgres_running(data_dir / "postgres")
+        if running is not None:
+            raise CliError(
+                f"a PostgreSQL server (pid {running}) runs on {data_dir / 'postgres'}: stop the "
+                "stack that uses it, or choose another data folder"
+            )
         shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
