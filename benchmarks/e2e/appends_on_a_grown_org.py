@@ -17,16 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import httpx
 import numpy as np
-from corpus import conversations
-from run import DATA, GROWTH_BATCH, HERE, ROOT, progress
+from run import DATA, HERE, ROOT, Growth, progress
 
 from api_service import timing
 from api_service.devstack import stack_in_subprocess
@@ -45,26 +42,13 @@ async def search_pass(http: httpx.AsyncClient, questions: list[str]) -> dict[str
     }
 
 
-async def append_chunks(
-    http: httpx.AsyncClient, source: Iterator[list[dict[str, str]]], chunks: int
-) -> dict[str, float]:
-    took, added = [], 0
-    while added < chunks:
-        messages = next(source)
-        r = await http.post("/api/v1/conversations", json={})
-        r.raise_for_status()
-        cid = r.json()["conversation_id"]
-        for i in range(0, len(messages), GROWTH_BATCH):
-            t0 = time.perf_counter()
-            r = await http.post(
-                "/api/v1/messages",
-                json={"conversation_id": cid, "messages": messages[i : i + GROWTH_BATCH]},
-            )
-            took.append((time.perf_counter() - t0) * 1000)
-            r.raise_for_status()
-        added += (len(messages) + 2) // 3  # one window starts at every third message
+async def append_chunks(growth: Growth, chunks: int) -> dict[str, float]:
+    """Grow by `chunks` with one client; the latency of its calls."""
+    calls, start = len(growth.call_ms), growth.chunks
+    await growth.to(start + chunks)
+    took = growth.call_ms[calls:]
     return {
-        "chunks_appended": added,
+        "chunks_appended": growth.chunks - start,
         "appends": len(took),
         "append_p50_ms": float(np.percentile(took, 50)),
         "append_p99_ms": float(np.percentile(took, 99)),
@@ -87,9 +71,9 @@ async def measure(args: argparse.Namespace, base_url: str, key: str, pg_url: str
         for label in ("cold", "settled"):
             result["passes"].append({"after": label, **await search_pass(http, questions)})
             progress(f"  search, {label}: {result['passes'][-1]}")
-        source = conversations(args.data)
+        growth = Growth(http, args.data, clients=1)
         for round_no in range(1, args.rounds + 1):
-            result["rounds"].append(await append_chunks(http, source, args.chunks))
+            result["rounds"].append(await append_chunks(growth, args.chunks))
             progress(f"  round {round_no}: {result['rounds'][-1]}")
             passed = await search_pass(http, questions)
             result["passes"].append({"after": f"round {round_no}", **passed})

@@ -98,13 +98,16 @@ def progress(message: str) -> None:
 
 
 class Growth:
-    """Grows the org through POST /api/v1/messages, GROWTH_CLIENTS conversations at a time."""
+    """Grows the org through POST /api/v1/messages, `clients` conversations at a time, each
+    call GROWTH_BATCH messages; `call_ms` holds every call's latency."""
 
-    def __init__(self, http: httpx.AsyncClient, data: Path) -> None:
+    def __init__(self, http: httpx.AsyncClient, data: Path, clients: int = GROWTH_CLIENTS) -> None:
         self._http = http
         self._source = conversations(data)
+        self._clients = clients
         self.chunks = 0
         self.messages = 0
+        self.call_ms: list[float] = []
 
     async def to(self, target_chunks: int) -> dict[str, float]:
         start_chunks, start_messages = self.chunks, self.messages
@@ -120,9 +123,11 @@ class Growth:
                 cid = r.json()["conversation_id"]
                 for i in range(0, len(messages), GROWTH_BATCH):
                     batch = messages[i : i + GROWTH_BATCH]
+                    t0 = time.perf_counter()
                     r = await self._http.post(
                         "/api/v1/messages", json={"conversation_id": cid, "messages": batch}
                     )
+                    self.call_ms.append((time.perf_counter() - t0) * 1000)
                     r.raise_for_status()
                     self.messages += len(batch)
                 # One window starts at every third message.
@@ -137,7 +142,7 @@ class Growth:
                         f"~{left / 60:.0f} min left"
                     )
 
-        await asyncio.gather(*(client() for _ in range(GROWTH_CLIENTS)))
+        await asyncio.gather(*(client() for _ in range(self._clients)))
         seconds = time.perf_counter() - started
         return {
             "growth_seconds": seconds,
