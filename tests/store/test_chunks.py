@@ -112,6 +112,31 @@ async def test_a_deleted_conversation_takes_its_vectors_along(database_url: str)
         await conn.close()
 
 
+async def test_a_vector_is_stored_as_it_is_in_its_row(database_url: str) -> None:
+    """A model's vectors never compress, so PostgreSQL's try at each was wasted (0012). A
+    vector that would compress well (zeros; the hashing embedder's are sparse) shows that no
+    try is made, and the row keeps it: no TOAST value."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        org_id, chunk = await _org_with_window(conn, "stored_whole", "one")
+        await conn.execute(STORE_VECTOR, org_id, chunk, b"\x00" * 3072)
+        stored = await conn.fetchrow(
+            "SELECT pg_column_compression(embedding) AS compression, "
+            "       pg_column_size(embedding) AS size "
+            "FROM chunk_vectors WHERE org_id = $1",
+            org_id,
+        )
+        toast = await conn.fetchval(
+            "SELECT reltoastrelid::regclass::text FROM pg_class WHERE relname = 'chunk_vectors'"
+        )
+        toasted = await conn.fetchval(f"SELECT count(*) FROM {toast}")
+    finally:
+        await conn.close()
+    assert stored["compression"] is None
+    assert stored["size"] == 3072 + 4  # the bytes and a 4-byte header, in the row
+    assert toasted == 0
+
+
 async def test_a_large_window_puts_only_its_text_out_of_line(database_url: str) -> None:
     """Org-wide lexical search reads each match's full text and id with its row (0010): with
     the full text out of line it read the TOAST index and pages too, twice the time from disk
