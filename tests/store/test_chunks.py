@@ -206,3 +206,33 @@ async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_ur
         assert await conn.fetchval(words) == ["dig", "user", "wombat"]
     finally:
         await conn.close()
+
+
+async def test_conversation_text_is_compressed_with_lz4_where_the_server_has_it(
+    database_url: str,
+) -> None:
+    """lz4 compresses in about half pglz's time (0013); a server built without it (the
+    embedded one) keeps pglz, and the migration still applies."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        offered = await conn.fetchval(
+            "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        text = " ".join(["a window that repeats itself"] * 200)  # 5.8 KB, compressible
+        org_id, _ = await _org_with_window(conn, "lz4", text)
+        await conn.execute(
+            "INSERT INTO messages (org_id, conversation_id, sequence, message_id, role, content)"
+            " VALUES ($1, 'conv_lz4', 1, 'msg_lz4', 'user', $2)",
+            org_id,
+            text,
+        )
+        used = await conn.fetchrow(
+            "SELECT (SELECT pg_column_compression(text) FROM chunks WHERE org_id = $1) AS chunk,"
+            "       (SELECT pg_column_compression(content) FROM messages WHERE org_id = $1)"
+            "           AS message",
+            org_id,
+        )
+    finally:
+        await conn.close()
+    expected = "lz4" if "lz4" in offered else "pglz"
+    assert (used["chunk"], used["message"]) == (expected, expected)

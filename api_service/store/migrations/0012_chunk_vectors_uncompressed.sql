@@ -1,9 +1,9 @@
 -- A vector row (about 3.1 KB at 768 dimensions) passes the 2 KB at which PostgreSQL tries to
 -- compress a row's MAIN values, so every stored vector went through pglz. A model's vectors
--- never compress: each try was wasted (22.8 -> 15.3 us an insert of a unit-normal vector
--- here). The hashing embedder's sparse vectors did compress (3 KB to 0.46 KB), and that was
--- 2.3% of the machine while the e2e benchmark grew an org, a cost no model's vectors have.
--- With the target at its largest a row that fits its page is stored as it is; a larger
--- vector (a model of more than about 2,000 dimensions) is still compressed, then moved out
--- of line. Rows stored before keep their form until rewritten.
+-- never compress, and the try took 40% of writing one (17.2 -> 10.2 us a row,
+-- benchmarks/store/compression.py). The hashing embedder's sparse vectors did compress (3 KB
+-- to 0.5 KB, 53.4 us a row): the e2e benchmark paid 2.3% of the machine for a cost no model's
+-- vectors have. With the target at its largest a row that fits its page is stored as it is;
+-- a larger vector (a model of more than about 2,000 dimensions) is still compressed, then
+-- moved out of line. Rows stored before keep their form until rewritten.
 ALTER TABLE chunk_vectors SET (toast_tuple_target = 8160);

@@ -1,0 +1,275 @@
+"""What TOAST compression costs the rows a chunk writes: pglz against lz4 for window text, full
+text and message content (migration 0013), and a vector row compressed or stored as it is
+(0012).
+
+LongMemEval s150 windows and their messages (the service's 5/3 windows) are parsed once into
+staging tables, stored uncompressed; each variant then copies them into a table with the
+schema's column storage and the variant's compression, server side (`INSERT ... SELECT`), so
+the time is PostgreSQL's writing and compressing, not the client's or the parser's. Reading
+back sums the text's length, which decompresses every value. Vectors: unit vectors with
+random directions, as a model's (they never compress), and the hashing embedder's (sparse:
+they do).
+
+Usage: python benchmarks/store/compression.py [--windows 6000] [--repeats 3]
+Database: DATABASE_URL when set (its tables are left as they were; the benchmark's own are
+dropped), else an embedded PostgreSQL in a temporary folder, which has pglz only.
+Writes results/compression-<label>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+from api_service.core import chunking
+from embed_service.hashing import HashingEmbedder
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parents[2] / "shared" / "data" / "longmemeval"
+DIM = 768
+
+# Each table as the schema stores it (0008, 0010, 0012): the value a variant compresses, and
+# the storage of its other large column.
+TABLES = {
+    "chunks": "text text NOT NULL, text_search tsvector NOT NULL",
+    "messages": "content text NOT NULL, text_search tsvector NOT NULL",
+    "vectors": "embedding bytea NOT NULL",
+}
+STORAGE = {
+    "chunks": "ALTER COLUMN text_search SET STORAGE MAIN",
+    "messages": "ALTER COLUMN text_search SET STORAGE EXTERNAL",
+    "vectors": "ALTER COLUMN embedding SET STORAGE MAIN",
+}
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def corpus(data: Path, count: int) -> tuple[list[str], list[str]]:
+    """The first `count` s150 windows, and the contents of the messages they hold."""
+    texts: list[str] = []
+    messages: list[str] = []
+    with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as lines:
+        for line in lines:
+            conversation = json.loads(line)["messages"]
+            total = len(conversation)
+            for start in range(1, total + 1, chunking.STRIDE):
+                window = conversation[start - 1 : chunking.window_end(start, total)]
+                texts.append(chunking.chunk_text((m["role"], m["content"]) for m in window))
+                messages.extend(m["content"] for m in window[: chunking.STRIDE])
+                if len(texts) == count:
+                    return texts, messages
+    return texts, messages
+
+
+async def stage(conn: asyncpg.Connection, texts: list[str], messages: list[str]) -> None:
+    """Uncompressed staging tables, parsed once: the variants copy from them."""
+    embedder = HashingEmbedder(dim=DIM)
+    hashing = embedder.embed(embedder.tokenize(texts)).astype("<f4")
+    rng = np.random.default_rng(0)
+    model = rng.standard_normal((len(texts), DIM)).astype("<f4")
+    model /= np.linalg.norm(model, axis=1, keepdims=True)
+    await conn.execute(
+        """DROP TABLE IF EXISTS bench_stage_chunks, bench_stage_messages, bench_stage_vectors;
+           CREATE TABLE bench_stage_chunks (id int, text text, text_search tsvector);
+           CREATE TABLE bench_stage_messages (id int, content text, text_search tsvector);
+           CREATE TABLE bench_stage_vectors (id int, kind text, embedding bytea);
+           ALTER TABLE bench_stage_chunks ALTER COLUMN text SET STORAGE EXTERNAL,
+                                          ALTER COLUMN text_search SET STORAGE EXTERNAL;
+           ALTER TABLE bench_stage_messages ALTER COLUMN content SET STORAGE EXTERNAL,
+                                            ALTER COLUMN text_search SET STORAGE EXTERNAL;
+           ALTER TABLE bench_stage_vectors ALTER COLUMN embedding SET STORAGE EXTERNAL"""
+    )
+    await conn.executemany(
+        "INSERT INTO bench_stage_chunks VALUES ($1, $2, to_tsvector('english', $2))",
+        list(enumerate(texts)),
+    )
+    await conn.executemany(
+        "INSERT INTO bench_stage_messages VALUES ($1, $2, to_tsvector('english', $2))",
+        list(enumerate(messages)),
+    )
+    await conn.executemany(
+        "INSERT INTO bench_stage_vectors VALUES ($1, $2, $3)",
+        [(i, "model", v.tobytes()) for i, v in enumerate(model)]
+        + [(i, "hashing", v.tobytes()) for i, v in enumerate(hashing)],
+    )
+
+
+async def copy_once(
+    conn: asyncpg.Connection, table: str, method: str, vectors: str | None, whole: bool
+) -> dict[str, float]:
+    """Copy the staged rows into a fresh table compressed with `method` (`whole`: vector rows
+    kept as they are, toast_tuple_target 8160); the write's and a full read's time, and the
+    bytes a row takes. Every name formatted into the SQL comes from VARIANTS and TABLES."""
+    target = f"bench_{table}"
+    value = {"chunks": "text", "messages": "content", "vectors": "embedding"}[table]
+    await conn.execute(
+        f"""DROP TABLE IF EXISTS {target};
+            CREATE TABLE {target} (id int PRIMARY KEY, {TABLES[table]});
+            ALTER TABLE {target} {STORAGE[table]}, ALTER COLUMN {value} SET COMPRESSION {method}"""
+    )
+    if table == "chunks":
+        await conn.execute(
+            f"ALTER TABLE {target} ALTER COLUMN text_search SET COMPRESSION {method}"
+        )
+    if whole:
+        await conn.execute(f"ALTER TABLE {target} SET (toast_tuple_target = 8160)")
+    source = f"bench_stage_{table}"
+    where = f"WHERE kind = '{vectors}'" if vectors else ""
+    columns = "id, embedding" if vectors else "*"
+    started = time.perf_counter()
+    rows = await conn.execute(f"INSERT INTO {target} SELECT {columns} FROM {source} {where}")  # noqa: S608
+    written = time.perf_counter() - started
+    count = int(rows.split()[-1])
+    started = time.perf_counter()
+    await conn.fetchval(f"SELECT sum(length({value})) FROM {target}")  # noqa: S608
+    read = time.perf_counter() - started
+    size = await conn.fetchval(f"SELECT pg_total_relation_size('{target}')")
+    compressed = await conn.fetchval(
+        f"SELECT count(*) FILTER (WHERE pg_column_compression({value}) IS NOT NULL) "  # noqa: S608
+        f"FROM {target}"
+    )
+    await conn.execute(f"DROP TABLE {target}")
+    return {
+        "write_us": written * 1e6 / count,
+        "read_us": read * 1e6 / count,
+        "bytes_a_row": size / count,
+        "compressed_share": compressed / count,
+    }
+
+
+VARIANTS = [
+    # (label, table, compression, vector kind, stored as it is)
+    ("window text and full text, pglz", "chunks", "pglz", None, False),
+    ("window text and full text, lz4", "chunks", "lz4", None, False),
+    ("message content, pglz", "messages", "pglz", None, False),
+    ("message content, lz4", "messages", "lz4", None, False),
+    ("model vector, pglz tried", "vectors", "pglz", "model", False),
+    ("model vector, as it is", "vectors", "pglz", "model", True),
+    ("hashing vector, pglz", "vectors", "pglz", "hashing", False),
+    ("hashing vector, as it is", "vectors", "pglz", "hashing", True),
+]
+
+
+async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    conn = await asyncpg.connect(url)
+    try:
+        offered = await conn.fetchval(
+            "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        version = await conn.fetchval("SHOW server_version")
+        texts, messages = corpus(args.data, args.windows)
+        progress(f"staging {len(texts):,} windows and {len(messages):,} messages")
+        await stage(conn, texts, messages)
+        results = []
+        for label, table, method, vectors, whole in VARIANTS:
+            if method not in offered:
+                progress(f"  {label}: skipped, the server has no {method}")
+                continue
+            await conn.execute("CHECKPOINT")
+            runs = [
+                await copy_once(conn, table, method, vectors, whole) for _ in range(args.repeats)
+            ]
+            row = {
+                "variant": label,
+                **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+                "write_us_runs": [round(r["write_us"], 1) for r in runs],
+            }
+            progress(
+                f"  {label}: write {row['write_us']:.1f} us a row, read {row['read_us']:.1f} us, "
+                f"{row['bytes_a_row']:,.0f} bytes a row, {row['compressed_share']:.0%} compressed"
+            )
+            results.append(row)
+        await conn.execute(
+            "DROP TABLE bench_stage_chunks, bench_stage_messages, bench_stage_vectors"
+        )
+    finally:
+        await conn.close()
+    return {
+        "machine": args.machine,
+        "postgres": version,
+        "windows": len(texts),
+        "messages": len(messages),
+        "repeats": args.repeats,
+        "results": results,
+    }
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["results"]
+    fig, (write, size) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.8), sharey=True)
+    labels = [r["variant"] for r in rows]
+    write.barh(labels, [r["write_us"] for r in rows], color="tab:blue", label="write")
+    write.barh(
+        labels,
+        [r["read_us"] for r in rows],
+        left=[r["write_us"] for r in rows],
+        color="tab:orange",
+        label="read back",
+    )
+    write.set_xlabel("µs a row (median of repeats)")
+    write.legend(fontsize=8)
+    write.invert_yaxis()
+    size.barh(labels, [r["bytes_a_row"] / 1024 for r in rows], color="tab:gray")
+    size.set_xlabel("KB a row, table with TOAST")
+    fig.suptitle(
+        f"TOAST compression of a chunk's rows: {report['windows']:,} LongMemEval windows\n"
+        f"{report['machine']}, PostgreSQL {report['postgres']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("Usage:")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--windows", type=int, default=6000, help="LongMemEval windows to copy")
+    parser.add_argument("--repeats", type=int, default=3, help="copies of each variant")
+    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
+    parser.add_argument("--label", default="local", help="results file name: compression-LABEL")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    args = parser.parse_args()
+    database_url = os.environ.get("DATABASE_URL")
+    if database_url:
+        report = asyncio.run(run(args, database_url))
+    else:
+        from api_service.store.embedded import start_embedded
+
+        with tempfile.TemporaryDirectory() as tmp:
+            url, server = start_embedded(Path(tmp) / "pg")
+            try:
+                report = asyncio.run(run(args, url))
+            finally:
+                server.cleanup()
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"compression-{args.label}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, stem.with_suffix(".png"))
+    progress(f"wrote {stem}.json and .png")
+
+
+if __name__ == "__main__":
+    main()
