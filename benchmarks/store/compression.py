@@ -1,18 +1,20 @@
 """What TOAST compression costs the rows a chunk writes: pglz against lz4 for window text, full
 text and message content (migration 0013), and a vector row compressed or stored as it is
-(0012).
+(0012). The full text's read is the one an org-wide lexical search makes of each match.
 
 LongMemEval s150 windows and their messages (the service's 5/3 windows) are parsed once into
 staging tables, stored uncompressed; each variant then copies them into a table with the
 schema's column storage and the variant's compression, server side (`INSERT ... SELECT`), so
-the time is PostgreSQL's writing and compressing, not the client's or the parser's. Reading
-back sums the text's length, which decompresses every value. Vectors: unit vectors with
-random directions, as a model's (they never compress), and the hashing embedder's (sparse:
-they do).
+the time is PostgreSQL's reading the staged value, compressing and writing it, not the
+client's or the parser's. Reading back decompresses every value: the text's length in
+characters (a UTF-8 database), the full text's lexeme count, a vector's first byte. Vectors:
+unit vectors with random directions, as a model's (they never compress), and the hashing
+embedder's (sparse: they do).
 
 Usage: python benchmarks/store/compression.py [--windows 6000] [--repeats 3]
-Database: DATABASE_URL when set (its tables are left as they were; the benchmark's own are
-dropped), else an embedded PostgreSQL in a temporary folder, which has pglz only.
+Database: DATABASE_URL when set (a role that may CHECKPOINT: a superuser or pg_checkpoint;
+the benchmark's tables, named bench_compression_*, are dropped at the end), else an embedded
+PostgreSQL in a temporary folder, which has pglz only.
 Writes results/compression-<label>.json and .png.
 """
 
@@ -83,84 +85,100 @@ async def stage(conn: asyncpg.Connection, texts: list[str], messages: list[str])
     model = rng.standard_normal((len(texts), DIM)).astype("<f4")
     model /= np.linalg.norm(model, axis=1, keepdims=True)
     await conn.execute(
-        """DROP TABLE IF EXISTS bench_stage_chunks, bench_stage_messages, bench_stage_vectors;
-           CREATE TABLE bench_stage_chunks (id int, text text, text_search tsvector);
-           CREATE TABLE bench_stage_messages (id int, content text, text_search tsvector);
-           CREATE TABLE bench_stage_vectors (id int, kind text, embedding bytea);
-           ALTER TABLE bench_stage_chunks ALTER COLUMN text SET STORAGE EXTERNAL,
-                                          ALTER COLUMN text_search SET STORAGE EXTERNAL;
-           ALTER TABLE bench_stage_messages ALTER COLUMN content SET STORAGE EXTERNAL,
-                                            ALTER COLUMN text_search SET STORAGE EXTERNAL;
-           ALTER TABLE bench_stage_vectors ALTER COLUMN embedding SET STORAGE EXTERNAL"""
+        """CREATE TABLE bench_compression_stage_chunks (id int, text text, text_search tsvector);
+           CREATE TABLE bench_compression_stage_messages
+               (id int, content text, text_search tsvector);
+           CREATE TABLE bench_compression_stage_vectors (id int, kind text, embedding bytea);
+           ALTER TABLE bench_compression_stage_chunks
+               ALTER COLUMN text SET STORAGE EXTERNAL,
+               ALTER COLUMN text_search SET STORAGE EXTERNAL;
+           ALTER TABLE bench_compression_stage_messages
+               ALTER COLUMN content SET STORAGE EXTERNAL,
+               ALTER COLUMN text_search SET STORAGE EXTERNAL;
+           ALTER TABLE bench_compression_stage_vectors
+               ALTER COLUMN embedding SET STORAGE EXTERNAL"""
     )
     await conn.executemany(
-        "INSERT INTO bench_stage_chunks VALUES ($1, $2, to_tsvector('english', $2))",
+        "INSERT INTO bench_compression_stage_chunks VALUES ($1, $2, to_tsvector('english', $2))",
         list(enumerate(texts)),
     )
     await conn.executemany(
-        "INSERT INTO bench_stage_messages VALUES ($1, $2, to_tsvector('english', $2))",
+        "INSERT INTO bench_compression_stage_messages VALUES ($1, $2, to_tsvector('english', $2))",
         list(enumerate(messages)),
     )
     await conn.executemany(
-        "INSERT INTO bench_stage_vectors VALUES ($1, $2, $3)",
+        "INSERT INTO bench_compression_stage_vectors VALUES ($1, $2, $3)",
         [(i, "model", v.tobytes()) for i, v in enumerate(model)]
         + [(i, "hashing", v.tobytes()) for i, v in enumerate(hashing)],
     )
 
 
-async def copy_once(
-    conn: asyncpg.Connection, table: str, method: str, vectors: str | None, whole: bool
-) -> dict[str, float]:
-    """Copy the staged rows into a fresh table compressed with `method` (`whole`: vector rows
-    kept as they are, toast_tuple_target 8160); the write's and a full read's time, and the
-    bytes a row takes. Every name formatted into the SQL comes from VARIANTS and TABLES."""
-    target = f"bench_{table}"
+async def copy_once(conn: asyncpg.Connection, variant: Variant) -> dict[str, float]:
+    """Copy the staged rows into a fresh table compressed as `variant` says; the write's and a
+    full read's time, and the bytes a row takes. Every name formatted into the SQL comes from
+    VARIANTS and TABLES."""
+    _, table, method, full_text, vectors, whole = variant
+    target = f"bench_compression_{table}"
     value = {"chunks": "text", "messages": "content", "vectors": "embedding"}[table]
     await conn.execute(
-        f"""DROP TABLE IF EXISTS {target};
-            CREATE TABLE {target} (id int PRIMARY KEY, {TABLES[table]});
+        f"""CREATE TABLE {target} (id int PRIMARY KEY, {TABLES[table]});
             ALTER TABLE {target} {STORAGE[table]}, ALTER COLUMN {value} SET COMPRESSION {method}"""
     )
-    if table == "chunks":
+    if full_text:
         await conn.execute(
-            f"ALTER TABLE {target} ALTER COLUMN text_search SET COMPRESSION {method}"
+            f"ALTER TABLE {target} ALTER COLUMN text_search SET COMPRESSION {full_text}"
         )
     if whole:
         await conn.execute(f"ALTER TABLE {target} SET (toast_tuple_target = 8160)")
-    source = f"bench_stage_{table}"
+    source = f"bench_compression_stage_{table}"
     where = f"WHERE kind = '{vectors}'" if vectors else ""
     columns = "id, embedding" if vectors else "*"
     started = time.perf_counter()
     rows = await conn.execute(f"INSERT INTO {target} SELECT {columns} FROM {source} {where}")  # noqa: S608
     written = time.perf_counter() - started
     count = int(rows.split()[-1])
+    decompressed = f"get_byte({value}, 0)" if table == "vectors" else f"length({value})"
     started = time.perf_counter()
-    await conn.fetchval(f"SELECT sum(length({value})) FROM {target}")  # noqa: S608
+    await conn.fetchval(f"SELECT sum({decompressed}) FROM {target}")  # noqa: S608
     read = time.perf_counter() - started
     size = await conn.fetchval(f"SELECT pg_total_relation_size('{target}')")
-    compressed = await conn.fetchval(
-        f"SELECT count(*) FILTER (WHERE pg_column_compression({value}) IS NOT NULL) "  # noqa: S608
-        f"FROM {target}"
-    )
-    await conn.execute(f"DROP TABLE {target}")
-    return {
+    result = {
         "write_us": written * 1e6 / count,
         "read_us": read * 1e6 / count,
         "bytes_a_row": size / count,
-        "compressed_share": compressed / count,
+        "compressed_share": await _compressed_share(conn, target, value) / count,
     }
+    if table == "chunks":  # the full text an org-wide lexical search reads from the row
+        started = time.perf_counter()
+        await conn.fetchval(f"SELECT sum(length(text_search)) FROM {target}")  # noqa: S608
+        result["full_text_read_us"] = (time.perf_counter() - started) * 1e6 / count
+        result["full_text_compressed_share"] = (
+            await _compressed_share(conn, target, "text_search") / count
+        )
+    await conn.execute(f"DROP TABLE {target}")
+    return result
 
 
-VARIANTS = [
-    # (label, table, compression, vector kind, stored as it is)
-    ("window text and full text, pglz", "chunks", "pglz", None, False),
-    ("window text and full text, lz4", "chunks", "lz4", None, False),
-    ("message content, pglz", "messages", "pglz", None, False),
-    ("message content, lz4", "messages", "lz4", None, False),
-    ("model vector, pglz tried", "vectors", "pglz", "model", False),
-    ("model vector, as it is", "vectors", "pglz", "model", True),
-    ("hashing vector, pglz", "vectors", "pglz", "hashing", False),
-    ("hashing vector, as it is", "vectors", "pglz", "hashing", True),
+async def _compressed_share(conn: asyncpg.Connection, table: str, column: str) -> int:
+    count: int = await conn.fetchval(
+        f"SELECT count(*) FILTER (WHERE pg_column_compression({column}) IS NOT NULL) "  # noqa: S608
+        f"FROM {table}"
+    )
+    return count
+
+
+# (label, table, compression, the chunks' full text's, vector kind, stored as it is)
+Variant = tuple[str, str, str, str | None, str | None, bool]
+VARIANTS: list[Variant] = [
+    ("window text pglz, full text pglz", "chunks", "pglz", "pglz", None, False),
+    ("window text lz4, full text pglz (0013)", "chunks", "lz4", "pglz", None, False),
+    ("window text lz4, full text lz4", "chunks", "lz4", "lz4", None, False),
+    ("message content, pglz", "messages", "pglz", None, None, False),
+    ("message content, lz4 (0013)", "messages", "lz4", None, None, False),
+    ("model vector, pglz tried", "vectors", "pglz", None, "model", False),
+    ("model vector, as it is (0012)", "vectors", "pglz", None, "model", True),
+    ("hashing vector, pglz", "vectors", "pglz", None, "hashing", False),
+    ("hashing vector, as it is (0012)", "vectors", "pglz", None, "hashing", True),
 ]
 
 
@@ -175,28 +193,32 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         progress(f"staging {len(texts):,} windows and {len(messages):,} messages")
         await stage(conn, texts, messages)
         results = []
-        for label, table, method, vectors, whole in VARIANTS:
-            if method not in offered:
-                progress(f"  {label}: skipped, the server has no {method}")
+        for variant in VARIANTS:
+            if not {variant[2], variant[3] or "pglz"} <= set(offered):
+                progress(f"  {variant[0]}: skipped, the server has no lz4")
                 continue
             await conn.execute("CHECKPOINT")
-            runs = [
-                await copy_once(conn, table, method, vectors, whole) for _ in range(args.repeats)
-            ]
+            runs = [await copy_once(conn, variant) for _ in range(args.repeats)]
             row = {
-                "variant": label,
+                "variant": variant[0],
                 **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
                 "write_us_runs": [round(r["write_us"], 1) for r in runs],
             }
+            full_text = (
+                f", full text read {row['full_text_read_us']:.1f} us, "
+                f"{row['full_text_compressed_share']:.1%} of it compressed"
+                if "full_text_read_us" in row
+                else ""
+            )
             progress(
-                f"  {label}: write {row['write_us']:.1f} us a row, read {row['read_us']:.1f} us, "
-                f"{row['bytes_a_row']:,.0f} bytes a row, {row['compressed_share']:.0%} compressed"
+                f"  {variant[0]}: write {row['write_us']:.1f} us a row, "
+                f"read {row['read_us']:.1f} us, {row['bytes_a_row']:,.0f} bytes a row, "
+                f"{row['compressed_share']:.0%} compressed{full_text}"
             )
             results.append(row)
-        await conn.execute(
-            "DROP TABLE bench_stage_chunks, bench_stage_messages, bench_stage_vectors"
-        )
     finally:
+        for table in [*TABLES, *(f"stage_{t}" for t in TABLES)]:
+            await conn.execute(f"DROP TABLE IF EXISTS bench_compression_{table}")
         await conn.close()
     return {
         "machine": args.machine,

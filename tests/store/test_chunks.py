@@ -208,16 +208,35 @@ async def test_a_writer_that_gives_no_full_text_gets_the_text_parsed(database_ur
         await conn.close()
 
 
+LZ4_COLUMNS = [
+    ("conversations", "metadata"),
+    ("messages", "content"),
+    ("messages", "metadata"),
+    ("chunks", "text"),
+    ("chunk_vectors", "embedding"),
+]
+
+
 async def test_conversation_text_is_compressed_with_lz4_where_the_server_has_it(
     database_url: str,
 ) -> None:
-    """lz4 compresses in about half pglz's time (0013); a server built without it (the
-    embedded one) keeps pglz, and the migration still applies."""
+    """lz4 compresses in a fraction of pglz's time (0013); a server built without it (the
+    embedded one) keeps pglz, and the migration still applies. The chunks' full text is left
+    to the default, which stores it as it is (lexical search reads it for every match)."""
     conn = await asyncpg.connect(database_url)
     try:
         offered = await conn.fetchval(
             "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
         )
+        methods = {
+            (r["table"], r["column"]): r["method"]
+            for r in await conn.fetch(
+                "SELECT attrelid::regclass::text AS table, attname AS column, "
+                "       attcompression::text AS method "
+                "FROM pg_attribute WHERE attrelid = ANY ($1::regclass[]) AND attnum > 0",
+                ["conversations", "messages", "chunks", "chunk_vectors"],
+            )
+        }
         text = " ".join(["a window that repeats itself"] * 200)  # 5.8 KB, compressible
         org_id, _ = await _org_with_window(conn, "lz4", text)
         await conn.execute(
@@ -234,5 +253,10 @@ async def test_conversation_text_is_compressed_with_lz4_where_the_server_has_it(
         )
     finally:
         await conn.close()
-    expected = "lz4" if "lz4" in offered else "pglz"
+    lz4 = "lz4" in offered
+    assert {column: methods[column] for column in LZ4_COLUMNS} == dict.fromkeys(
+        LZ4_COLUMNS, "l" if lz4 else ""
+    )
+    assert methods[("chunks", "text_search")] == ""  # the server's default: pglz
+    expected = "lz4" if lz4 else "pglz"
     assert (used["chunk"], used["message"]) == (expected, expected)
