@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 WINDOW = 5
 STRIDE = 3
@@ -28,6 +28,16 @@ def window_end(start: int, count: int) -> int:
 def chunk_text(lines: Iterable[tuple[str, str]]) -> str:
     """One line per message, `[role]: content`."""
     return "\n".join(f"[{role}]: {content}" for role, content in lines)
+
+
+def window_texts(lines: Sequence[tuple[str, str]]) -> list[str]:
+    """The text of every window of a conversation whose messages, in order, have `lines`
+    (role, content): window i starts at sequence 1 + STRIDE * i."""
+    count = len(lines)
+    return [
+        chunk_text(lines[start - 1 : window_end(start, count)])
+        for start in range(1, count + 1, STRIDE)
+    ]
 
 
 TRUNCATION_SUFFIX = "...[truncated]"

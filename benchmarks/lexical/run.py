@@ -65,14 +65,7 @@ def windows(data: Path) -> Iterator[list[str]]:
         with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as lines:
             for line in lines:
                 messages = json.loads(line)["messages"]
-                count = len(messages)
-                yield [
-                    chunking.chunk_text(
-                        (m["role"], m["content"])
-                        for m in messages[start - 1 : chunking.window_end(start, count)]
-                    )
-                    for start in range(1, count + 1, chunking.STRIDE)
-                ]
+                yield chunking.window_texts([(m["role"], m["content"]) for m in messages])
 
 
 async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> int:

@@ -42,17 +42,20 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[2] / "shared" / "data" / "longmemeval"
 DIM = 768
 
-# Each table as the schema stores it (0008, 0010, 0012): the value a variant compresses, and
-# the storage of its other large column.
+# Each table as the schema stores it (0008, 0010, 0012): its columns, the value a variant
+# compresses, and the storage of its large columns.
 TABLES = {
-    "chunks": "text text NOT NULL, text_search tsvector NOT NULL",
-    "messages": "content text NOT NULL, text_search tsvector NOT NULL",
-    "vectors": "embedding bytea NOT NULL",
-}
-STORAGE = {
-    "chunks": "ALTER COLUMN text_search SET STORAGE MAIN",
-    "messages": "ALTER COLUMN text_search SET STORAGE EXTERNAL",
-    "vectors": "ALTER COLUMN embedding SET STORAGE MAIN",
+    "chunks": (
+        "text text NOT NULL, text_search tsvector NOT NULL",
+        "text",
+        "ALTER COLUMN text_search SET STORAGE MAIN",
+    ),
+    "messages": (
+        "content text NOT NULL, text_search tsvector NOT NULL",
+        "content",
+        "ALTER COLUMN text_search SET STORAGE EXTERNAL",
+    ),
+    "vectors": ("embedding bytea NOT NULL", "embedding", "ALTER COLUMN embedding SET STORAGE MAIN"),
 }
 
 
@@ -66,12 +69,14 @@ def corpus(data: Path, count: int) -> tuple[list[str], list[str]]:
     messages: list[str] = []
     with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as lines:
         for line in lines:
-            conversation = json.loads(line)["messages"]
-            total = len(conversation)
-            for start in range(1, total + 1, chunking.STRIDE):
-                window = conversation[start - 1 : chunking.window_end(start, total)]
-                texts.append(chunking.chunk_text((m["role"], m["content"]) for m in window))
-                messages.extend(m["content"] for m in window[: chunking.STRIDE])
+            conversation = [(m["role"], m["content"]) for m in json.loads(line)["messages"]]
+            for i, text in enumerate(chunking.window_texts(conversation)):
+                texts.append(text)
+                # The messages from this window's start to the next's: each message once.
+                first = chunking.STRIDE * i
+                messages.extend(
+                    content for _, content in conversation[first : first + chunking.STRIDE]
+                )
                 if len(texts) == count:
                     return texts, messages
     return texts, messages
@@ -119,10 +124,10 @@ async def copy_once(conn: asyncpg.Connection, variant: Variant) -> dict[str, flo
     VARIANTS and TABLES."""
     _, table, method, full_text, vectors, whole = variant
     target = f"bench_compression_{table}"
-    value = {"chunks": "text", "messages": "content", "vectors": "embedding"}[table]
+    columns, value, storage = TABLES[table]
     await conn.execute(
-        f"""CREATE TABLE {target} (id int PRIMARY KEY, {TABLES[table]});
-            ALTER TABLE {target} {STORAGE[table]}, ALTER COLUMN {value} SET COMPRESSION {method}"""
+        f"""CREATE TABLE {target} (id int PRIMARY KEY, {columns});
+            ALTER TABLE {target} {storage}, ALTER COLUMN {value} SET COMPRESSION {method}"""
     )
     if full_text:
         await conn.execute(
@@ -132,9 +137,9 @@ async def copy_once(conn: asyncpg.Connection, variant: Variant) -> dict[str, flo
         await conn.execute(f"ALTER TABLE {target} SET (toast_tuple_target = 8160)")
     source = f"bench_compression_stage_{table}"
     where = f"WHERE kind = '{vectors}'" if vectors else ""
-    columns = "id, embedding" if vectors else "*"
+    selected = "id, embedding" if vectors else "*"
     started = time.perf_counter()
-    rows = await conn.execute(f"INSERT INTO {target} SELECT {columns} FROM {source} {where}")  # noqa: S608
+    rows = await conn.execute(f"INSERT INTO {target} SELECT {selected} FROM {source} {where}")  # noqa: S608
     written = time.perf_counter() - started
     count = int(rows.split()[-1])
     decompressed = f"get_byte({value}, 0)" if table == "vectors" else f"length({value})"

@@ -6,6 +6,7 @@ from api_service.core.chunking import (
     clip,
     window_end,
     window_starts_touching,
+    window_texts,
 )
 
 
@@ -41,3 +42,15 @@ def test_chunk_text_and_clip() -> None:
     assert clip(text, 100) == text
     clipped = clip("x" * 100, 40)
     assert len(clipped) == 40 and clipped.endswith(TRUNCATION_SUFFIX)
+
+
+def test_a_whole_conversations_windows_are_those_an_append_writes() -> None:
+    """window_texts (the benchmarks' corpus) gives the windows the service writes when one
+    append stores the whole conversation."""
+    lines = [("user" if s % 2 else "assistant", f"message {s}") for s in range(1, 9)]
+    starts = window_starts_touching(1, len(lines), len(lines))
+    assert window_texts(lines) == [
+        chunk_text(lines[start - 1 : window_end(start, len(lines))]) for start in starts
+    ]
+    assert window_texts(lines)[-1] == "[user]: message 7\n[assistant]: message 8"
+    assert window_texts([]) == []
