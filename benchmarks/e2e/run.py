@@ -50,6 +50,7 @@ import asyncio
 import itertools
 import json
 import platform
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -534,7 +535,8 @@ def main() -> None:
     args.index_address = f"127.0.0.1:{args.port + 2}"
     progress(f"starting the stack ({args.embedder}); logs in {args.data_dir / 'stack.log'}")
     started = time.time()
-    label = f"{args.embedder}-{args.machine.replace(' ', '-').lower()}"
+    machine = re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")  # a file name
+    label = f"{args.embedder}-{machine}"
 
     def save(rows: list[dict[str, Any]], complete: bool = False) -> None:
         meta = {
