@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 import numpy as np
@@ -57,6 +57,15 @@ TABLES = {
     ),
     "vectors": ("embedding bytea NOT NULL", "embedding", "ALTER COLUMN embedding SET STORAGE MAIN"),
 }
+
+
+class Variant(NamedTuple):
+    label: str
+    table: str  # a key of TABLES
+    method: str  # the compression of the table's value
+    full_text: str | None  # the chunks' full text's compression (None: the server's default)
+    vectors: str | None  # which vectors: "model" or "hashing"
+    whole: bool  # vector rows stored as they are (toast_tuple_target 8160)
 
 
 def progress(message: str) -> None:
@@ -122,22 +131,22 @@ async def copy_once(conn: asyncpg.Connection, variant: Variant) -> dict[str, flo
     """Copy the staged rows into a fresh table compressed as `variant` says; the write's and a
     full read's time, and the bytes a row takes. Every name formatted into the SQL comes from
     VARIANTS and TABLES."""
-    _, table, method, full_text, vectors, whole = variant
+    table = variant.table
     target = f"bench_compression_{table}"
     columns, value, storage = TABLES[table]
     await conn.execute(
         f"""CREATE TABLE {target} (id int PRIMARY KEY, {columns});
-            ALTER TABLE {target} {storage}, ALTER COLUMN {value} SET COMPRESSION {method}"""
+            ALTER TABLE {target} {storage}, ALTER COLUMN {value} SET COMPRESSION {variant.method}"""
     )
-    if full_text:
+    if variant.full_text:
         await conn.execute(
-            f"ALTER TABLE {target} ALTER COLUMN text_search SET COMPRESSION {full_text}"
+            f"ALTER TABLE {target} ALTER COLUMN text_search SET COMPRESSION {variant.full_text}"
         )
-    if whole:
+    if variant.whole:
         await conn.execute(f"ALTER TABLE {target} SET (toast_tuple_target = 8160)")
     source = f"bench_compression_stage_{table}"
-    where = f"WHERE kind = '{vectors}'" if vectors else ""
-    selected = "id, embedding" if vectors else "*"
+    where = f"WHERE kind = '{variant.vectors}'" if variant.vectors else ""
+    selected = "id, embedding" if variant.vectors else "*"
     started = time.perf_counter()
     rows = await conn.execute(f"INSERT INTO {target} SELECT {selected} FROM {source} {where}")  # noqa: S608
     written = time.perf_counter() - started
@@ -172,18 +181,16 @@ async def _compressed_share(conn: asyncpg.Connection, table: str, column: str) -
     return count
 
 
-# (label, table, compression, the chunks' full text's, vector kind, stored as it is)
-Variant = tuple[str, str, str, str | None, str | None, bool]
-VARIANTS: list[Variant] = [
-    ("window text pglz, full text pglz", "chunks", "pglz", "pglz", None, False),
-    ("window text lz4, full text pglz (0013)", "chunks", "lz4", "pglz", None, False),
-    ("window text lz4, full text lz4", "chunks", "lz4", "lz4", None, False),
-    ("message content, pglz", "messages", "pglz", None, None, False),
-    ("message content, lz4 (0013)", "messages", "lz4", None, None, False),
-    ("model vector, pglz tried", "vectors", "pglz", None, "model", False),
-    ("model vector, as it is (0012)", "vectors", "pglz", None, "model", True),
-    ("hashing vector, pglz", "vectors", "pglz", None, "hashing", False),
-    ("hashing vector, as it is (0012)", "vectors", "pglz", None, "hashing", True),
+VARIANTS = [
+    Variant("window text pglz, full text pglz", "chunks", "pglz", "pglz", None, False),
+    Variant("window text lz4, full text pglz (0013)", "chunks", "lz4", "pglz", None, False),
+    Variant("window text lz4, full text lz4", "chunks", "lz4", "lz4", None, False),
+    Variant("message content, pglz", "messages", "pglz", None, None, False),
+    Variant("message content, lz4 (0013)", "messages", "lz4", None, None, False),
+    Variant("model vector, pglz tried", "vectors", "pglz", None, "model", False),
+    Variant("model vector, as it is (0012)", "vectors", "pglz", None, "model", True),
+    Variant("hashing vector, pglz", "vectors", "pglz", None, "hashing", False),
+    Variant("hashing vector, as it is (0012)", "vectors", "pglz", None, "hashing", True),
 ]
 
 
@@ -199,13 +206,13 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         await stage(conn, texts, messages)
         results = []
         for variant in VARIANTS:
-            if not {variant[2], variant[3] or "pglz"} <= set(offered):
-                progress(f"  {variant[0]}: skipped, the server has no lz4")
+            if not {variant.method, variant.full_text or "pglz"} <= set(offered):
+                progress(f"  {variant.label}: skipped, the server has no lz4")
                 continue
             await conn.execute("CHECKPOINT")
             runs = [await copy_once(conn, variant) for _ in range(args.repeats)]
             row = {
-                "variant": variant[0],
+                "variant": variant.label,
                 **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
                 "write_us_runs": [round(r["write_us"], 1) for r in runs],
             }
@@ -216,7 +223,7 @@ async def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
                 else ""
             )
             progress(
-                f"  {variant[0]}: write {row['write_us']:.1f} us a row, "
+                f"  {variant.label}: write {row['write_us']:.1f} us a row, "
                 f"read {row['read_us']:.1f} us, {row['bytes_a_row']:,.0f} bytes a row, "
                 f"{row['compressed_share']:.0%} compressed{full_text}"
             )
