@@ -30,8 +30,9 @@ K = 10
 WARMUP = 10
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
-# pgvector is asked at several ef_search values (40 is its default): recall rises with it, so
-# its latency can be read at the recall the service reaches.
+# pgvector and Chroma are asked at several ef_search values (pgvector's default is 40,
+# Chroma's 100): recall rises with it, so their latency can be read at the recall the service
+# reaches.
 EF_SEARCH = (40, 100, 200, 400)
 
 
@@ -45,7 +46,7 @@ class Corpus:
 
 @dataclass(frozen=True)
 class AlternativeResult:
-    system: str  # "pgvector-hnsw", "chroma"
+    system: str  # "pgvector-hnsw-ef40", "chroma-ef100": the system and its ef_search
     chunks: int
     ingest_seconds: float
     ingest_per_second: float  # chunks/s
@@ -207,8 +208,7 @@ async def bench_pgvector(
             await conn.execute(f"SET hnsw.ef_search = {ef_search}")
             for q in queries[:WARMUP]:
                 await stmt.fetch(q)
-            samples: list[float] = []
-            found: list[list[str]] = []
+            samples, found = [], []
             for q in queries:
                 t0 = time.perf_counter()
                 hits = await stmt.fetch(q)
@@ -234,23 +234,34 @@ def bench_chroma(
     recall: Callable[[list[list[str]]], float],
     progress: Callable[[str], None],
     cpu_seconds: Callable[[], float],
-) -> AlternativeResult:
-    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings.
-    `cpu_seconds`: cumulative CPU of this process, where Chroma runs."""
+) -> list[AlternativeResult]:
+    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings,
+    searched at each of EF_SEARCH (its default is 100). `cpu_seconds`: cumulative CPU of
+    this process, where Chroma runs."""
     import chromadb  # imported here: heavy, and only this half needs it
     from chromadb.api.shared_system_client import SharedSystemClient
     from chromadb.api.types import Metadata
     from chromadb.config import Settings
 
+    def open_client() -> Any:
+        # Chroma keeps one open system per path for the process, and a loaded index keeps the
+        # ef_search it was opened with: drop the system, so that this client reads the folder
+        # (and the setting) anew. No telemetry: it would add network calls to the timings on
+        # a machine without internet.
+        SharedSystemClient.clear_system_cache()
+        return chromadb.PersistentClient(
+            path=str(folder), settings=Settings(anonymized_telemetry=False)
+        )
+
+    def search(collection: Any, q: np.ndarray) -> list[str]:
+        res = collection.query(
+            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
+        )
+        return list(res["ids"][0])
+
     n = len(corpus.ids)
-    # Chroma keeps one open system per path for the process; drop it, or a second run in this
-    # process would still see the collection of the first after the folder is gone.
-    SharedSystemClient.clear_system_cache()
     shutil.rmtree(folder, ignore_errors=True)
-    # No telemetry: it would add network calls to the timings on a machine without internet.
-    client = chromadb.PersistentClient(
-        path=str(folder), settings=Settings(anonymized_telemetry=False)
-    )
+    client = open_client()
     # The vectors come precomputed; without this Chroma would set up its own ONNX embedder.
     collection = client.create_collection(
         "alt_chunks", metadata={"hnsw:space": "cosine"}, embedding_function=None
@@ -273,27 +284,25 @@ def bench_chroma(
         report.done(end)
     ingest = (time.perf_counter() - t0, cpu_seconds() - cpu0)
 
-    def search(q: np.ndarray) -> list[str]:
-        res = collection.query(
-            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
+    results = []
+    for ef_search in EF_SEARCH:
+        collection.modify(configuration={"hnsw": {"ef_search": ef_search}})
+        collection = open_client().get_collection("alt_chunks", embedding_function=None)
+        config = collection.configuration_json.get("hnsw") or {}
+        if config.get("ef_search") != ef_search:
+            raise RuntimeError(f"Chroma kept ef_search {config.get('ef_search')}, not {ef_search}")
+        for q in queries[:WARMUP]:  # also loads the index the client opened
+            search(collection, q)
+        samples, found = [], []
+        for q in queries:
+            t0 = time.perf_counter()
+            ids = search(collection, q)
+            samples.append(time.perf_counter() - t0)
+            found.append(ids)
+        notes = (
+            f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
+            f"M={config.get('max_neighbors')} ef_construction={config.get('ef_construction')} "
+            f"ef_search={ef_search}; add batches of {batch}"
         )
-        return list(res["ids"][0])
-
-    for q in queries[:WARMUP]:
-        search(q)
-    samples: list[float] = []
-    found: list[list[str]] = []
-    for q in queries:
-        t0 = time.perf_counter()
-        ids = search(q)
-        samples.append(time.perf_counter() - t0)
-        found.append(ids)
-
-    config = collection.configuration_json.get("hnsw") or {}
-    notes = (
-        f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
-        f"M={config.get('max_neighbors')} ef_construction={config.get('ef_construction')} "
-        f"ef_search={config.get('ef_search')}; add batches of {batch}"
-    )
-    result = _result("chroma", n, ingest, samples, recall(found), notes)
-    return result
+        results.append(_result(f"chroma-ef{ef_search}", n, ingest, samples, recall(found), notes))
+    return results

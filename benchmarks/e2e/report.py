@@ -22,8 +22,9 @@ def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any
     plot(rows, out / f"{label}.png", title)
 
 
-# How the alternatives are named in the plot; pgvector runs at several ef_search values
-# (`<system>-ef<n>`), of which the latency panel shows EF_SHOWN.
+# How the alternatives are named in the plot; each runs at several ef_search values
+# (`<system>-ef<n>`), of which the latency panel shows EF_SHOWN. Results of runs before Chroma
+# had settings of its own name it `chroma` (ef_search 100).
 NAMES = {
     "pgvector-hnsw": "pgvector",
     "pgvector-hnsw-fts": "pgvector + full text",

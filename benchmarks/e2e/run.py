@@ -489,7 +489,7 @@ async def alternatives(
             bench_chroma, folder, corpus, queries, recall, progress, this_process
         )
         shutil.rmtree(folder, ignore_errors=True)
-        yield [chroma]
+        yield chroma
 
 
 def main() -> None:
