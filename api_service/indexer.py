@@ -1,10 +1,11 @@
-"""The indexer: embeds pending chunks and upserts them to the org's index shard, then stores
-their vectors in PostgreSQL and marks the outbox job done, in one statement. Deletions reach the
-shards the same way.
+"""The indexer: embeds pending chunks, stores their vectors in PostgreSQL, upserts them to the
+org's index shard, then marks the outbox job done. Deletions reach the shards the same way.
+The vectors are stored before the upsert: a shard that loads the org from PostgreSQL after it
+(restarted, or taking the org over) then holds them too.
 
 An append that waits for its chunks indexes them itself, in a task of its own, with the job
 leased to it: no round trip through the outbox. It answers once the shard has the vectors;
-their storing and the job's closing follow in the same task. The background worker drains
+the job's closing follows in the same task. The background worker drains
 everything else: appends that do not wait, jobs whose first attempt failed, and those of a
 replica that died. Jobs are leased (run_after moves forward) rather than locked for the whole
 run, so a crashed worker's jobs come back after the lease, and several replicas can drain one
@@ -62,16 +63,6 @@ class _Chunk:
     version: int
     text: str
     embedding: bytes | None  # None: not embedded yet
-
-
-@dataclass(frozen=True, slots=True)
-class _Embedded:
-    """A vector embedded by this attempt, to be stored with the job's completion."""
-
-    org_id: str
-    chunk_id: str
-    version: int
-    embedding: bytes
 
 
 class Indexer:
@@ -172,9 +163,9 @@ class Indexer:
     ) -> bool:
         """Index the chunks an append just queued, their job leased to the caller, with their
         `embedding` from `embed_ahead` if started. True once they are searchable, within
-        `timeout` seconds; storing their vectors and closing the job go on after that, in the
-        same task. If the indexing fails the job goes to the background worker, which retries
-        it with backoff; past `timeout` it goes on regardless."""
+        `timeout` seconds; closing the job goes on after that, in the same task. If the
+        indexing fails the job goes to the background worker, which retries it with backoff;
+        past `timeout` it goes on regardless."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         searchable: asyncio.Future[bool] = loop.create_future()
@@ -233,10 +224,10 @@ class Indexer:
                 # Only what is left of it after the commit holds up the answer.
                 with timing.part("embed_wait"):
                     vectors = await embedding
-            embedded = await self._embed_and_index(job.org_id, chunks, vectors)
+            await self._embed_and_index(job.org_id, chunks, vectors)
             searchable.set_result(True)
             await self._leases.release([job.job_id])
-            await self._finish([job], embedded)
+            await self._finish([job])
         except Exception as exc:  # any failure: the worker takes the job over
             await self._leases.release([job.job_id])
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
@@ -253,6 +244,9 @@ class Indexer:
                 worked = await self.run_once()
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("indexer: database unavailable (%s); retrying", type(exc).__name__)
+                worked = False
+            except Exception:  # a bug must not end the worker unseen while the outbox grows
+                log.exception("indexer: a batch failed; retrying")
                 worked = False
             if not worked:
                 with contextlib.suppress(TimeoutError):
@@ -274,31 +268,31 @@ class Indexer:
         try:
             loop = asyncio.get_running_loop()
             close_at = loop.time() + LEASE_SECONDS / 2
-            done, embedded = [], []
+            done: list[Job] = []
             for job in jobs:
                 try:
                     if job.kind == "delete":
                         await self._index.delete_conversation(job.org_id, job.conversation_id)
                     else:
-                        embedded += await self._index_chunks(job)
+                        await self._index_chunks(job)
                 except Exception as exc:  # any failure: keep the job, retry with backoff
                     await self._leases.release([job.job_id])
                     await self._retry_later(job, exc)
                 else:
                     done.append(job)
                 if done and loop.time() >= close_at:
-                    await self._close(done, embedded)
-                    done, embedded = [], []
+                    await self._close(done)
+                    done = []
                     close_at = loop.time() + LEASE_SECONDS / 2
             if done:
-                await self._close(done, embedded)
+                await self._close(done)
         finally:  # whatever went wrong, none stays leased for ever
             await self._leases.release([job.job_id for job in jobs])
         return True
 
-    async def _close(self, done: list[Job], embedded: list[_Embedded]) -> None:
+    async def _close(self, done: list[Job]) -> None:
         await self._leases.release([job.job_id for job in done])  # no renewal after the close
-        await self._finish(done, embedded)
+        await self._finish(done)
         self._announce_progress()
 
     def _announce_progress(self) -> None:
@@ -316,6 +310,9 @@ class Indexer:
                         await lexical.keep_stats(conn, org_id)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     log.warning("indexer: term statistics not refreshed (%s)", type(exc).__name__)
+                    self._orgs_changed.add(org_id)
+                except Exception:  # a bug must not end the task unseen
+                    log.exception("indexer: term statistics not refreshed")
                     self._orgs_changed.add(org_id)
 
     async def _keep_full_text_index(self) -> None:
@@ -358,7 +355,7 @@ class Indexer:
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
-    async def _index_chunks(self, job: Job) -> list[_Embedded]:
+    async def _index_chunks(self, job: Job) -> None:
         rows = await self._pool.fetch(
             """SELECT c.chunk_id, c.conversation_id, c.version, c.text, v.embedding
                  FROM chunks c
@@ -367,60 +364,67 @@ class Indexer:
             job.org_id,
             job.chunk_ids,
         )
-        return await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
+        await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
 
     async def _embed_and_index(
         self, org_id: str, chunks: list[_Chunk], vectors: Vectors | None = None
-    ) -> list[_Embedded]:
+    ) -> None:
         """Embed the chunks that have no vector yet (or take their `vectors`, one per such
-        chunk, in order) and upsert every chunk's vector, with its version, to the org's shard:
-        they are searchable on return. The new vectors are returned for `_finish` to store. A
-        chunk rebuilt meanwhile was queued again with a newer version, which its shard keeps
-        over this one."""
+        chunk, in order), store the new vectors, and upsert every chunk's vector, with its
+        version, to the org's shard: they are searchable on return. A chunk rebuilt meanwhile
+        was queued again with a newer version, which its shard keeps over this one."""
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
         ready = [c for c in chunks if c.embedding is not None]
-        embedded: list[_Embedded] = []
         pending = [c for c in chunks if c.embedding is None]
         if pending:
             if vectors is None:
                 vectors = await self._embed([c.text for c in pending])
-            for chunk, vector in zip(pending, vectors, strict=True):
-                blob = vector.astype("<f4").tobytes()
-                ready.append(replace(chunk, embedding=blob))
-                embedded.append(_Embedded(org_id, chunk.chunk_id, chunk.version, blob))
+            blobs = [vector.astype("<f4").tobytes() for vector in vectors]
+            await self._store_vectors(org_id, pending, blobs)
+            ready += [replace(c, embedding=b) for c, b in zip(pending, blobs, strict=True)]
         if ready:
             items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
             await self._index.upsert(org_id, items, len(items[0][3]) // 4)
-        return embedded
 
-    async def _finish(self, jobs: Sequence[Job], embedded: Sequence[_Embedded]) -> None:
-        """In one statement: store the new vectors, for the rebuild of a shard, and remove the
-        done jobs from the outbox. Each vector is stored with the version it was embedded
-        from, and only while that is the chunk's version: a chunk rebuilt meanwhile gets its
-        vector from its own, later job. (Two jobs of a batch may both have embedded a chunk:
-        one vector is stored.) The chunks are share-locked first, so a chunk whose delete
-        commits meanwhile is skipped instead of failing the statement's foreign key check.
-        A delete that committed while an upsert job ran, or between its attempts, may have
-        cleared the shard before an upsert reached it: the removal is queued again."""
+    async def _store_vectors(
+        self, org_id: str, chunks: Sequence[_Chunk], blobs: Sequence[bytes]
+    ) -> None:
+        """Store the chunks' new vectors, each with the version it was embedded from and only
+        while that is the chunk's version: a chunk rebuilt meanwhile gets its vector from its
+        own, later job. The chunks are share-locked, so a chunk whose delete commits meanwhile
+        is skipped instead of failing the foreign key check.
+
+        The commit does not wait for the WAL to reach the disk: the job's close, a later
+        commit, waits for this one's WAL with its own, and if the server fails before, the
+        job is still queued and is done again."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL synchronous_commit = off")
+            await conn.execute(
+                """INSERT INTO chunk_vectors
+                          (org_id, conversation_id, start_sequence, version, embedding)
+                   SELECT c.org_id, c.conversation_id, c.start_sequence, c.version, v.embedding
+                     FROM unnest($2::text[], $3::int[], $4::bytea[])
+                          AS v(chunk_id, version, embedding)
+                     JOIN chunks c
+                       ON c.org_id = $1 AND c.chunk_id = v.chunk_id AND c.version = v.version
+                      FOR KEY SHARE OF c
+                   ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+                      SET version = excluded.version, embedding = excluded.embedding
+                    WHERE chunk_vectors.version < excluded.version""",
+                org_id,
+                [c.chunk_id for c in chunks],
+                [c.version for c in chunks],
+                list(blobs),
+            )
+
+    async def _finish(self, jobs: Sequence[Job]) -> None:
+        """Remove the done jobs from the outbox. A delete that committed while an upsert job
+        ran, or between its attempts, may have cleared the shard before an upsert reached it:
+        the removal is queued again, in the same statement."""
         ids = [job.job_id for job in jobs]
         checked = [job for job in jobs if job.kind == "upsert"]
         requeued = await self._pool.fetchval(
-            """WITH stored AS (
-                        INSERT INTO chunk_vectors
-                               (org_id, conversation_id, start_sequence, version, embedding)
-                        SELECT DISTINCT ON (org_id, conversation_id, start_sequence) *
-                          FROM (SELECT c.org_id, c.conversation_id, c.start_sequence,
-                                       c.version, v.embedding
-                                  FROM unnest($4::text[], $5::text[], $6::int[], $7::bytea[])
-                                       AS v(org_id, chunk_id, version, embedding)
-                                  JOIN chunks c
-                                    ON c.org_id = v.org_id AND c.chunk_id = v.chunk_id
-                                   AND c.version = v.version
-                                   FOR KEY SHARE OF c) AS live
-                        ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
-                           SET version = excluded.version, embedding = excluded.embedding
-                         WHERE chunk_vectors.version < excluded.version),
-                    done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
+            """WITH done AS (DELETE FROM index_outbox WHERE job_id = ANY($1::bigint[])),
                     gone AS (
                         SELECT DISTINCT j.org_id, j.conversation_id
                           FROM unnest($2::text[], $3::text[]) AS j(org_id, conversation_id)
@@ -435,10 +439,6 @@ class Indexer:
             ids,
             [job.org_id for job in checked],
             [job.conversation_id for job in checked],
-            [e.org_id for e in embedded],
-            [e.chunk_id for e in embedded],
-            [e.version for e in embedded],
-            [e.embedding for e in embedded],
         )
         self._done_here.update(ids)
         self._done_order.extend(ids)

@@ -19,6 +19,7 @@ import asyncpg
 import grpc
 import pytest
 
+from api_service import indexer
 from api_service.settings import ApiSettings
 from embed_service.hashing import HashingEmbedder
 from index_service.routing import routing_epoch
@@ -191,6 +192,43 @@ async def test_sigkill_index_shard_gives_503_then_identical_results(database_url
             await until_search_answers(mcp)
             after = [await mcp.ok("search", query=q, limit=6) for q in queries]
         assert after == before
+
+
+async def test_a_shard_restarted_once_an_append_answered_loads_its_vector(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append's vectors are stored before the shard gets them: a shard that restarts after
+    the append answered, its job still open, loads them from PostgreSQL with the org."""
+    finish = indexer.Indexer._finish
+    release = asyncio.Event()
+
+    async def held(self: indexer.Indexer, *args: Any) -> None:
+        await release.wait()
+        await finish(self, *args)
+
+    monkeypatch.setattr(indexer.Indexer, "_finish", held)
+    async with stack(database_url, grpc_timeout_seconds=2) as (running, service):
+        org_id, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            assert (await say(http, cid, "a kiwi before the restart")).status_code == 200
+            running.kill(running.index)
+            await running.start_index()
+            await until_search_answers(mcp)
+            conn = await asyncpg.connect(database_url)
+            try:
+                text = await conn.fetchval(
+                    "SELECT text FROM chunks WHERE org_id = $1 AND conversation_id = $2",
+                    org_id,
+                    cid,
+                )
+                open_jobs = "SELECT count(*) FROM index_outbox WHERE org_id = $1"
+                assert await conn.fetchval(open_jobs, org_id) == 1  # not closed: not redone
+                found = await mcp.ok("search", query=text, conversation_id=cid, limit=1)
+                release.set()
+            finally:
+                await conn.close()
+    assert [r["score"] for r in found["results"]] == [1.0]
 
 
 @pytest.fixture

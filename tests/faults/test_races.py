@@ -263,8 +263,8 @@ async def test_indexing_has_at_most_its_limit_of_embedding_calls_under_way(
 async def test_an_append_answers_once_searchable_and_its_job_closes_after(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An append answers once the shard holds its chunks; storing the vectors and closing the
-    job follow. When that fails, the worker takes the job over and the vector is stored."""
+    """An append answers once its vectors are stored and the shard holds them; closing the job
+    follows. When that fails, the worker takes the job over and closes it."""
     finish = indexer.Indexer._finish
     release = asyncio.Event()
     attempts = 0
@@ -290,14 +290,16 @@ async def test_an_append_answers_once_searchable_and_its_job_closes_after(
                     LEFT JOIN chunk_vectors v
                          USING (org_id, conversation_id, start_sequence, version)
                     WHERE c.org_id = $1 AND c.conversation_id = $2"""
-                assert await conn.fetchval(stored_vector, org_id, cid) is None  # not stored yet
+                assert await conn.fetchval(stored_vector, org_id, cid) is not None
+                open_jobs = "SELECT count(*) FROM index_outbox WHERE org_id = $1"
+                assert await conn.fetchval(open_jobs, org_id) == 1  # not closed yet
                 text = await conn.fetchval(
                     "SELECT text FROM chunks WHERE org_id = $1 AND conversation_id = $2",
                     org_id,
                     cid,
                 )
                 found = await mcp.ok("search", query=text, conversation_id=cid, limit=1)
-                assert found["results"][0]["score"] == 1.0  # but in the shard
+                assert found["results"][0]["score"] == 1.0  # and in the shard
                 release.set()
                 await outbox_drained(database_url)
                 stored = await conn.fetchval(stored_vector, org_id, cid)
@@ -398,9 +400,9 @@ async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again
 async def _indexer_over_one_chunk(
     database_url: str, org_id: str
 ) -> AsyncIterator[tuple[asyncpg.Pool, indexer.Indexer]]:
-    """A pool, an Indexer whose clients are never called (only `_finish`, which writes
-    PostgreSQL alone, is used), and `org_id` with one conversation (conv_1) holding one
-    chunk (chk_1, version 1); the org goes afterwards."""
+    """A pool, an Indexer whose clients are never called (only `_store_vectors` and `_finish`,
+    which write PostgreSQL alone, are used), and `org_id` with one conversation (conv_1)
+    holding one chunk (chk_1, version 1); the org goes afterwards."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     assert pool is not None
     worker = indexer.Indexer(
@@ -424,9 +426,9 @@ async def _indexer_over_one_chunk(
 
 
 async def test_a_delete_racing_the_store_of_its_vectors_skips_them(database_url: str) -> None:
-    """The indexer stores an append's vectors after the append answered, so a conversation
-    delete can commit while that statement runs. Its vectors are skipped and the job still
-    closes (the delete's own job clears the shard)."""
+    """The indexer stores an append's vectors in a transaction of its own, after the append's,
+    so a conversation delete can commit while that statement runs. Its vectors are skipped,
+    and the job still closes (the delete's own job clears the shard)."""
     deleter = await asyncpg.connect(database_url)
     try:
         async with _indexer_over_one_chunk(database_url, "org_race") as (pool, worker):
@@ -438,11 +440,13 @@ async def test_a_delete_racing_the_store_of_its_vectors_skips_them(database_url:
             deleting = deleter.transaction()
             await deleting.start()
             await deleter.execute("DELETE FROM conversations WHERE org_id = 'org_race'")
-            embedded = indexer._Embedded("org_race", "chk_1", 1, b"\x00" * 3072)
-            finish = asyncio.create_task(worker._finish([job], [embedded]))
+            store = asyncio.create_task(
+                worker._store_vectors("org_race", [_chunk(version=1)], [b"\x00" * 3072])
+            )
             await asyncio.sleep(0.3)  # the store now waits on the deleted chunk row
             await deleting.commit()
-            await asyncio.wait_for(finish, 10)
+            await asyncio.wait_for(store, 10)
+            await worker._finish([job])
             left = "SELECT count(*) FROM index_outbox WHERE job_id = $1"
             assert await pool.fetchval(left, job_id) == 0
             assert await pool.fetchval("SELECT count(*) FROM chunk_vectors") == 0
@@ -454,14 +458,18 @@ async def test_a_rebuilt_windows_new_vector_is_stored_over_the_old(database_url:
     async with _indexer_over_one_chunk(database_url, "org_new") as (pool, worker):
         for version, vector in [(1, b"\x01" * 3072), (2, b"\x02" * 3072)]:
             await pool.execute("UPDATE chunks SET version = $1 WHERE org_id = 'org_new'", version)
-            await worker._finish([], [indexer._Embedded("org_new", "chk_1", version, vector)])
+            await worker._store_vectors("org_new", [_chunk(version)], [vector])
         # A late store of the old version, as a slow retry would make, changes nothing.
-        late = indexer._Embedded("org_new", "chk_1", 1, b"\x01" * 3072)
-        await worker._finish([], [late])
+        await worker._store_vectors("org_new", [_chunk(version=1)], [b"\x01" * 3072])
         stored = await pool.fetchrow(
             "SELECT version, embedding FROM chunk_vectors WHERE org_id = 'org_new'"
         )
         assert tuple(stored) == (2, b"\x02" * 3072)
+
+
+def _chunk(version: int) -> indexer._Chunk:
+    """The one chunk of _indexer_over_one_chunk's conversation, at `version`, not embedded."""
+    return indexer._Chunk("chk_1", "conv_1", version, "x", None)
 
 
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:

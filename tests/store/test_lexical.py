@@ -211,7 +211,7 @@ async def test_the_indexer_flushes_the_pending_list_after_it_finished_jobs(
             )
             await asyncio.sleep(0.3)
             assert flushed == []  # nothing finished here yet: left alone
-            await worker._finish([], [])  # as after a batch of jobs
+            await worker._finish([])  # as after a batch of jobs
             await asyncio.wait_for(called.wait(), 5)
             assert flushed[0] > 0
             assert await flush(conn) == 0
@@ -227,7 +227,7 @@ async def test_the_flush_stops_for_good_where_the_role_does_not_own_the_index(
     monkeypatch.setattr(lexical, "flush_pending", refused)
     monkeypatch.setattr(indexer, "FLUSH_SECONDS", 0.05)
     async with _flushing_indexer(database_url) as (_, worker, task):
-        await worker._finish([], [])
+        await worker._finish([])
         await asyncio.wait_for(task, 5)  # ends, without raising
     assert "OWNER TO" in caplog.text
 
