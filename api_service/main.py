@@ -15,6 +15,7 @@ import asyncpg
 import uvicorn
 from fastapi import Depends, FastAPI, Response
 from fastapi.responses import JSONResponse
+from mcp.server.transport_security import TransportSecuritySettings
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -22,6 +23,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api_service.auth import FailedAuthThrottle, KeyCache
@@ -85,6 +87,11 @@ def create_app(settings: ApiSettings) -> FastAPI:
         stateless_http=True,
         json_response=True,
         max_request_body_size=settings.limits.body_bytes,
+        # The SDK would otherwise answer 421 to any Host but localhost: behind a Service, an
+        # ingress or another container, every MCP call. Every request carries an API key, which
+        # a page that rebinds a name to this address does not have; which browser origins may
+        # call is the CORS setting's business.
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
 
     @contextlib.asynccontextmanager
@@ -167,7 +174,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
             allow_headers=["Authorization", "Content-Type"],
             allow_methods=["*"],
         )
-    app.mount("/", mcp_app)  # last: serves /mcp; every other path is matched above first
+    # A route, not a mount at "/": a mount there would answer every unknown path and wrong
+    # method under /api/v1 itself, with a plain-text 404.
+    app.router.routes.append(Route("/mcp", mcp_app, include_in_schema=False))
     return app
 
 

@@ -104,9 +104,11 @@ class Service:
         return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=30)
 
     @contextlib.asynccontextmanager
-    async def mcp(self, key: str) -> AsyncIterator[McpCaller]:
+    async def mcp(self, key: str, **headers: str) -> AsyncIterator[McpCaller]:
+        """An MCP client with `key`, sending `headers` (Host, Origin) besides."""
+        headers["Authorization"] = f"Bearer {key}"
         async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30) as http,
+            httpx2.AsyncClient(headers=headers, timeout=30) as http,
             Client(streamable_http_client(f"{self.base_url}/mcp", http_client=http)) as client,
         ):
             yield McpCaller(client)

@@ -69,6 +69,18 @@ async def test_six_tools_each_called(service: Service, key: str) -> None:
         )
 
 
+async def test_served_under_any_host_name_and_origin(service: Service, key: str) -> None:
+    """Reached as a Service, through an ingress or from a browser page, not only as localhost
+    (the SDK's default answers 421 to any other Host)."""
+    for headers in (
+        {"Host": "api:8080"},
+        {"Host": "memory.example.com", "Origin": "https://agents.example.com"},
+    ):
+        async with service.mcp(key, **headers) as mcp:
+            assert len((await mcp.client.list_tools()).tools) == 6
+            assert "conversation_id" in await mcp.ok("create_conversation")
+
+
 async def test_tool_errors_name_the_parameter(service: Service, key: str) -> None:
     async with service.mcp(key) as mcp:
         cid = (await mcp.ok("create_conversation"))["conversation_id"]

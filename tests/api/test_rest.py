@@ -410,6 +410,24 @@ async def test_unknown_query_parameters_are_400(service: Service, key: str) -> N
         assert r.json()["error"].startswith("Query parameter given more than once: limit ")
 
 
+async def test_unknown_paths_and_methods_answer_in_the_error_shape(
+    service: Service, key: str
+) -> None:
+    """/mcp is served by its own route: under /api/v1 an unknown path is a JSON 404 and a
+    known path asked with another method a JSON 405, as every REST error."""
+    async with service.rest(key) as http:
+        for method, path, status, code in (
+            ("GET", "/api/v1/typo", 404, "not_found"),
+            ("GET", "/api/v1/conversations/conv_x/typo", 404, "not_found"),
+            ("PUT", "/api/v1/conversations", 405, "method_not_allowed"),
+            ("GET", "/api/v1/messages", 405, "method_not_allowed"),
+            ("POST", "/api/v1/search", 405, "method_not_allowed"),
+        ):
+            r = await http.request(method, path)
+            assert r.status_code == status, (method, path, r.text)
+            assert r.json()["code"] == code, (method, path, r.text)
+
+
 async def test_operational_endpoints(service: Service, key: str) -> None:
     async with service.rest(None) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
