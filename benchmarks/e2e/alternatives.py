@@ -15,15 +15,19 @@ text).
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import resource
 import shutil
 import struct
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+import psutil
 
 BATCH = 1_000
 K = 10
@@ -227,49 +231,34 @@ async def bench_pgvector(
     return results
 
 
-def bench_chroma(
-    folder: Path,
-    corpus: Corpus,
-    queries: np.ndarray,
-    recall: Callable[[list[list[str]]], float],
-    progress: Callable[[str], None],
-    cpu_seconds: Callable[[], float],
-) -> list[AlternativeResult]:
-    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings,
-    searched at each of EF_SEARCH (its default is 100). `cpu_seconds`: cumulative CPU of
-    this process, where Chroma runs."""
+def _chroma_client(folder: Path) -> Any:
+    """Chroma's embedded client on `folder`, without telemetry: it would add network calls to
+    the timings on a machine without internet."""
     import chromadb  # imported here: heavy, and only this half needs it
-    from chromadb.api.shared_system_client import SharedSystemClient
-    from chromadb.api.types import Metadata
     from chromadb.config import Settings
 
-    def open_client() -> Any:
-        # Chroma keeps one open system per path for the process, and a loaded index keeps the
-        # ef_search it was opened with: drop the system, so that this client reads the folder
-        # (and the setting) anew. No telemetry: it would add network calls to the timings on
-        # a machine without internet.
-        SharedSystemClient.clear_system_cache()
-        return chromadb.PersistentClient(
-            path=str(folder), settings=Settings(anonymized_telemetry=False)
-        )
+    settings = Settings(anonymized_telemetry=False)
+    return chromadb.PersistentClient(path=str(folder), settings=settings)
 
-    def search(collection: Any, q: np.ndarray) -> list[str]:
-        res = collection.query(
-            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
-        )
-        return list(res["ids"][0])
+
+def _chroma_load(
+    folder: Path, corpus: Corpus, progress: Callable[[str], None]
+) -> tuple[float, float, int]:
+    """Loads the corpus into a new collection: (wall seconds, CPU seconds of this process,
+    add batch size)."""
+    from chromadb.api.types import Metadata
 
     n = len(corpus.ids)
     shutil.rmtree(folder, ignore_errors=True)
-    client = open_client()
+    client = _chroma_client(folder)
     # The vectors come precomputed; without this Chroma would set up its own ONNX embedder.
     collection = client.create_collection(
         "alt_chunks", metadata={"hnsw:space": "cosine"}, embedding_function=None
     )
     batch = min(BATCH, client.get_max_batch_size())
-
     report = _LoadProgress("chroma", n, progress)
-    t0, cpu0 = time.perf_counter(), cpu_seconds()
+    me = psutil.Process()
+    t0, cpu0 = time.perf_counter(), _cpu(me)
     for start in range(0, n, batch):
         end = min(start + batch, n)
         metadatas: list[Metadata] = [
@@ -282,27 +271,111 @@ def bench_chroma(
             metadatas=metadatas,
         )
         report.done(end)
-    ingest = (time.perf_counter() - t0, cpu_seconds() - cpu0)
+    return time.perf_counter() - t0, _cpu(me) - cpu0, batch
 
+
+def _chroma_search(
+    folder: Path, queries: np.ndarray, ef_search: int
+) -> tuple[list[float], list[list[str]], dict[str, Any], float]:
+    """Opens the collection at `ef_search` and times each query: (latencies in seconds, ids
+    found, the index's settings, this process's peak resident GB)."""
+    collection = _chroma_client(folder).get_collection("alt_chunks", embedding_function=None)
+    collection.modify(configuration={"hnsw": {"ef_search": ef_search}})
+    # A loaded index keeps the ef_search it was opened with: read the folder anew.
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    SharedSystemClient.clear_system_cache()
+    collection = _chroma_client(folder).get_collection("alt_chunks", embedding_function=None)
+    config = collection.configuration_json.get("hnsw") or {}
+    if config.get("ef_search") != ef_search:
+        raise RuntimeError(f"Chroma kept ef_search {config.get('ef_search')}, not {ef_search}")
+
+    def search(q: np.ndarray) -> list[str]:
+        res = collection.query(
+            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
+        )
+        return list(res["ids"][0])
+
+    for q in queries[:WARMUP]:  # also loads the index
+        search(q)
+    samples, found = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        found.append(search(q))
+        samples.append(time.perf_counter() - t0)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    return samples, found, config, peak_kb / 2**20
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _in_process(method: Literal["fork", "spawn"], target: Callable[..., Any], *args: Any) -> Any:
+    """`target(*args)` in a process of its own, started by `method`, and what it returns.
+
+    Chroma's memory (the loaded index, its caches) goes back to the system only when its
+    process ends: loaded and searched in one process, it held both and took 19 GB at 1M."""
+    context = multiprocessing.get_context(method)
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_send_result, args=(send, target, *args))
+    process.start()
+    send.close()  # so that the child's end closing ends a recv() that waits on it
+    try:
+        failed, value = receive.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(
+            f"the Chroma process ended (exit code {process.exitcode}) without a result; "
+            "-9 is the kernel's OOM killer: a machine with more memory, or a smaller --chroma-max"
+        ) from None
+    process.join()
+    if failed:
+        raise RuntimeError(f"the Chroma process failed:\n{value}")
+    return value
+
+
+def _send_result(send: Any, target: Callable[..., Any], *args: Any) -> None:
+    try:
+        send.send((False, target(*args)))
+    except Exception:
+        send.send((True, traceback.format_exc()))
+
+
+def bench_chroma(
+    folder: Path,
+    corpus: Corpus,
+    queries: np.ndarray,
+    recall: Callable[[list[list[str]]], float],
+    progress: Callable[[str], None],
+) -> list[AlternativeResult]:
+    """Chroma's embedded PersistentClient with cosine HNSW and its default index settings,
+    searched at each of EF_SEARCH (its default is 100).
+
+    Loaded in a forked process (it shares the corpus with this one), then searched at each
+    ef_search from a new process, as a service restarted on the folder would be: each reopens
+    the collection with that setting. The ingest CPU is the loading process's, where Chroma ran.
+    """
+    import chromadb
+
+    n = len(corpus.ids)
+    ingest_s, ingest_cpu_s, batch = _in_process("fork", _chroma_load, folder, corpus, progress)
     results = []
     for ef_search in EF_SEARCH:
-        collection.modify(configuration={"hnsw": {"ef_search": ef_search}})
-        collection = open_client().get_collection("alt_chunks", embedding_function=None)
-        config = collection.configuration_json.get("hnsw") or {}
-        if config.get("ef_search") != ef_search:
-            raise RuntimeError(f"Chroma kept ef_search {config.get('ef_search')}, not {ef_search}")
-        for q in queries[:WARMUP]:  # also loads the index the client opened
-            search(collection, q)
-        samples, found = [], []
-        for q in queries:
-            t0 = time.perf_counter()
-            ids = search(collection, q)
-            samples.append(time.perf_counter() - t0)
-            found.append(ids)
+        progress(f"  chroma: searching at ef_search {ef_search}")
+        samples, found, config, peak_gb = _in_process(
+            "spawn", _chroma_search, folder, queries, ef_search
+        )
         notes = (
             f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
             f"M={config.get('max_neighbors')} ef_construction={config.get('ef_construction')} "
-            f"ef_search={ef_search}; add batches of {batch}"
+            f"ef_search={ef_search}; add batches of {batch}; loaded in one process, searched "
+            f"from another, which peaked at {peak_gb:.1f} GB resident"
         )
-        results.append(_result(f"chroma-ef{ef_search}", n, ingest, samples, recall(found), notes))
+        results.append(
+            _result(
+                f"chroma-ef{ef_search}", n, (ingest_s, ingest_cpu_s), samples, recall(found), notes
+            )
+        )
     return results

@@ -481,13 +481,7 @@ async def alternatives(
             )
     if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
-
-        def this_process() -> float:
-            return meter.read()[BENCHMARK]
-
-        chroma = await asyncio.to_thread(
-            bench_chroma, folder, corpus, queries, recall, progress, this_process
-        )
+        chroma = await asyncio.to_thread(bench_chroma, folder, corpus, queries, recall, progress)
         shutil.rmtree(folder, ignore_errors=True)
         yield chroma
 
