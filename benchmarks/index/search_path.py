@@ -1,0 +1,158 @@
+"""Where a shard Search's time goes: the gRPC round trip, the shard's own path, the scan.
+
+Starts a real shard (`python -m index_service`, no database) and times, one call at a time
+from a blocking client: a Health call (the round trip and the server's handling of an empty
+call), a Search of a 10-vector org (the round trip plus the Search path: decoding, the org
+lock, the hop to a request thread, the reply) and a Search of a 10k-vector org (--vectors), which
+is exact (a flat store). The same flat search is then timed in this process, on one BLAS
+thread as the shard's request threads run it. Each is timed in several rounds, alternated,
+and the median of the rounds' p50 is kept: on a shared 2-core machine one round can be twice
+another.
+
+Writes results/search-path-<machine>.json and .png.
+
+Usage:
+  python benchmarks/index/search_path.py --machine "2-core Intel Xeon"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from bench_index import DIM, Shard, progress
+
+from index_service.native import single_threaded_numpy_blas
+from index_service.stores import FlatStore
+from memory_proto import index_pb2
+
+HERE = Path(__file__).resolve().parent
+WARMUP = 20
+
+
+def unit_vectors(n: int, rng: np.random.Generator) -> np.ndarray:
+    out = rng.standard_normal((n, DIM), dtype=np.float32)
+    out /= np.linalg.norm(out, axis=1, keepdims=True)
+    return out
+
+
+def p50_ms(call: Callable[[int], object], calls: int) -> float:
+    for i in range(WARMUP):
+        call(i)
+    samples = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        call(i)
+        samples.append(time.perf_counter() - t0)
+    return float(np.percentile(samples, 50) * 1000)
+
+
+def load(shard: Shard, org: str, vectors: np.ndarray) -> None:
+    for start in range(0, len(vectors), 1000):
+        items = [
+            index_pb2.VectorItem(
+                chunk_id=f"chk_{start + i}",
+                conversation_id=f"conv_{(start + i) // 50}",
+                vector=row.astype("<f4").tobytes(),
+            )
+            for i, row in enumerate(vectors[start : start + 1000])
+        ]
+        shard.stub.Upsert(index_pb2.UpsertRequest(org_id=org, dim=DIM, items=items), timeout=60)
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    rng = np.random.default_rng(0)
+    vectors = unit_vectors(args.vectors, rng)
+    queries = [q.astype("<f4").tobytes() for q in unit_vectors(args.calls, rng)]
+    query_rows = np.frombuffer(b"".join(queries), "<f4").reshape(len(queries), DIM)
+    if not single_threaded_numpy_blas():
+        raise SystemExit("could not set numpy's BLAS to one thread, as the shard does")
+    store = FlatStore(DIM)
+    store.add(np.arange(len(vectors), dtype=np.int64), vectors)
+
+    def search(org: str) -> Callable[[int], object]:
+        return lambda i: shard.stub.Search(
+            index_pb2.SearchRequest(org_id=org, query=queries[i], dim=DIM, k=10)
+        )
+
+    shard = Shard(args.out / "search-path-shard.log")
+    try:
+        load(shard, "tiny", vectors[:10])
+        load(shard, "flat", vectors)
+        timings: dict[str, Callable[[int], object]] = {
+            "health": lambda i: shard.stub.Health(index_pb2.IndexHealthRequest()),
+            "search_10": search("tiny"),
+            f"search_{args.vectors}": search("flat"),
+            "scan_in_process": lambda i: store.search(query_rows[i : i + 1], 10, None),
+        }
+        rounds: dict[str, list[float]] = {name: [] for name in timings}
+        for r in range(args.rounds):
+            for name, call in timings.items():
+                rounds[name].append(p50_ms(call, args.calls))
+            progress(
+                f"round {r + 1}/{args.rounds}: "
+                + ", ".join(f"{name} {ms[-1]:.3f} ms" for name, ms in rounds.items())
+            )
+    finally:
+        shard.close()
+    return {f"{name}_p50_ms": statistics.median(ms) for name, ms in rounds.items()}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = result["vectors"]
+    rtt = result["health_p50_ms"]
+    path_ms = result["search_10_p50_ms"] - rtt
+    scan = result["scan_in_process_p50_ms"]
+    rest = result[f"search_{n}_p50_ms"] - rtt - path_ms - scan
+    parts = [("round trip (Health)", rtt), ("Search path", path_ms), ("scan", scan)]
+    parts.append(("other", rest))
+    fig, ax = plt.subplots(figsize=(9, 3))
+    left = 0.0
+    for label, ms in parts:
+        ax.barh([f"Search, {n:,} vectors"], [ms], left=left, label=f"{label} {ms:.2f} ms")
+        left += ms
+    ax.set_xlabel("ms, p50 (median of rounds)")
+    ax.set_title(f"a shard Search's time, {result['machine']}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    # The whole docstring: what each timing is, and how the figures are kept.
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vectors", type=int, default=10_000, help="vectors in the flat org")
+    parser.add_argument("--calls", type=int, default=300, help="timed calls a round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median p50 is kept")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument(
+        "--machine", default=f"{platform.machine()} CPU", help="names the machine in files and plot"
+    )
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine": args.machine, "vectors": args.vectors}
+    result.update(measure(args))
+    name = "search-path-" + re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out / f"{name}.png")
+    progress(f"wrote {args.out / name}.json and .png: {result}")
+
+
+if __name__ == "__main__":
+    main()
