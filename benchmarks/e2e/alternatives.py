@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 import psutil
+from cpu import seconds
 
 BATCH = 1_000
 K = 10
@@ -258,7 +259,7 @@ def _chroma_load(
     batch = min(BATCH, client.get_max_batch_size())
     report = _LoadProgress("chroma", n, progress)
     me = psutil.Process()
-    t0, cpu0 = time.perf_counter(), _cpu(me)
+    t0, cpu0 = time.perf_counter(), seconds(me.cpu_times())
     for start in range(0, n, batch):
         end = min(start + batch, n)
         metadatas: list[Metadata] = [
@@ -271,7 +272,7 @@ def _chroma_load(
             metadatas=metadatas,
         )
         report.done(end)
-    return time.perf_counter() - t0, _cpu(me) - cpu0, batch
+    return time.perf_counter() - t0, seconds(me.cpu_times()) - cpu0, batch
 
 
 def _chroma_search(
@@ -305,11 +306,6 @@ def _chroma_search(
         samples.append(time.perf_counter() - t0)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
     return samples, found, config, peak_kb / 2**20
-
-
-def _cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
 
 
 def _in_process(method: Literal["fork", "spawn"], target: Callable[..., Any], *args: Any) -> Any:

@@ -25,7 +25,8 @@ BENCHMARK = "benchmark"  # this process: the load generator, or an embedded alte
 POSTGRES = "postgres"
 
 
-def _seconds(times: Any) -> float:
+def seconds(times: Any) -> float:
+    """User plus system seconds of psutil's `cpu_times()`."""
     return float(times.user + times.system)
 
 
@@ -42,13 +43,13 @@ class CpuMeter:
     def read(self) -> dict[str, float]:
         me = psutil.Process()
         totals = dict.fromkeys([*sorted(set(SERVICES.values())), POSTGRES, BENCHMARK], 0.0)
-        totals[BENCHMARK] = _seconds(me.cpu_times())
+        totals[BENCHMARK] = seconds(me.cpu_times())
         totals[POSTGRES] = self._postgres()
         for proc in me.children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
                 cmdline = proc.cmdline()
                 if len(cmdline) >= 3 and cmdline[1] == "-m" and cmdline[2] in SERVICES:
-                    totals[SERVICES[cmdline[2]]] += _seconds(proc.cpu_times())
+                    totals[SERVICES[cmdline[2]]] += seconds(proc.cpu_times())
         return totals
 
     def _postgres(self) -> float:
@@ -61,13 +62,13 @@ class CpuMeter:
             live = 0.0
             for child in postmaster.children():
                 with contextlib.suppress(psutil.NoSuchProcess):  # exited since listed
-                    live += _seconds(child.cpu_times())
+                    live += seconds(child.cpu_times())
             after = postmaster.cpu_times()
             if (before.children_user, before.children_system) == (
                 after.children_user,
                 after.children_system,
             ):
-                return float(_seconds(after) + after.children_user + after.children_system + live)
+                return float(seconds(after) + after.children_user + after.children_system + live)
 
 
 def per_chunk_ms(

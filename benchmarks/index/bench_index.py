@@ -123,13 +123,9 @@ class Shard:
         self._log.close()
 
 
-def bench_shard(
-    shard: Shard, org: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray
-) -> dict[str, Any]:
+def upsert_all(shard: Shard, org: str, vectors: np.ndarray, batch: int = 1000) -> None:
+    """Upserts `vectors` as chunks chk_<row>, 50 a conversation, `batch` a call."""
     n = len(vectors)
-    base_rss = rss_bytes(shard.proc.pid)
-    batch = 1000
-    started = time.perf_counter()
     for start in range(0, n, batch):
         block = vectors[start : start + batch]
         items = [
@@ -143,6 +139,15 @@ def bench_shard(
         shard.stub.Upsert(index_pb2.UpsertRequest(org_id=org, dim=DIM, items=items), timeout=600)
         if (start // batch) % 100 == 0:
             progress(f"  upserted {start + len(block)}/{n}")
+
+
+def bench_shard(
+    shard: Shard, org: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray
+) -> dict[str, Any]:
+    n = len(vectors)
+    base_rss = rss_bytes(shard.proc.pid)
+    started = time.perf_counter()
+    upsert_all(shard, org, vectors)
     upsert_s = time.perf_counter() - started
     while True:
         stats = shard.stub.Stats(index_pb2.StatsRequest(org_id=org))

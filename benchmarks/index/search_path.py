@@ -3,11 +3,11 @@
 Starts a real shard (`python -m index_service`, no database) and times, one call at a time
 from a blocking client: a Health call (the round trip and the server's handling of an empty
 call), a Search of a 10-vector org (the round trip plus the Search path: decoding, the org
-lock, the hop to a request thread, the reply) and a Search of a 10k-vector org (--vectors), which
-is exact (a flat store). The same flat search is then timed in this process, on one BLAS
-thread as the shard's request threads run it. Each is timed in several rounds, alternated,
-and the median of the rounds' p50 is kept: on a shared 2-core machine one round can be twice
-another.
+lock, the hop to a request thread, the reply) and a Search of a 10k-vector org (--vectors),
+which is exact (a flat store). The same flat search is then timed in this process, on one
+BLAS thread as the shard's request threads run it. Each is timed in several rounds,
+alternated, and the median of the rounds' p50 is kept: on a shared 2-core machine one round
+can be twice another.
 
 Writes results/search-path-<machine>.json and .png.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_index import DIM, Shard, progress
+from bench_index import DIM, Shard, progress, upsert_all
 
 from index_service.native import single_threaded_numpy_blas
 from index_service.stores import FlatStore
@@ -55,19 +55,6 @@ def p50_ms(call: Callable[[int], object], calls: int) -> float:
     return float(np.percentile(samples, 50) * 1000)
 
 
-def load(shard: Shard, org: str, vectors: np.ndarray) -> None:
-    for start in range(0, len(vectors), 1000):
-        items = [
-            index_pb2.VectorItem(
-                chunk_id=f"chk_{start + i}",
-                conversation_id=f"conv_{(start + i) // 50}",
-                vector=row.astype("<f4").tobytes(),
-            )
-            for i, row in enumerate(vectors[start : start + 1000])
-        ]
-        shard.stub.Upsert(index_pb2.UpsertRequest(org_id=org, dim=DIM, items=items), timeout=60)
-
-
 def measure(args: argparse.Namespace) -> dict[str, float]:
     rng = np.random.default_rng(0)
     vectors = unit_vectors(args.vectors, rng)
@@ -85,8 +72,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
     shard = Shard(args.out / "search-path-shard.log")
     try:
-        load(shard, "tiny", vectors[:10])
-        load(shard, "flat", vectors)
+        upsert_all(shard, "tiny", vectors[:10])
+        upsert_all(shard, "flat", vectors)
         timings: dict[str, Callable[[int], object]] = {
             "health": lambda i: shard.stub.Health(index_pb2.IndexHealthRequest()),
             "search_10": search("tiny"),
@@ -117,8 +104,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     path_ms = result["search_10_p50_ms"] - rtt
     scan = result["scan_in_process_p50_ms"]
     rest = result[f"search_{n}_p50_ms"] - rtt - path_ms - scan
-    parts = [("round trip (Health)", rtt), ("Search path", path_ms), ("scan", scan)]
-    parts.append(("other", rest))
+    parts = [
+        ("round trip (Health)", rtt),
+        ("Search path", path_ms),
+        ("scan", scan),
+        ("other", rest),
+    ]
     fig, ax = plt.subplots(figsize=(9, 3))
     left = 0.0
     for label, ms in parts:
