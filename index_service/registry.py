@@ -295,28 +295,20 @@ class Registry:
         async with org.lock:
             # The executor's own future, not a task around it: a task costs a loop iteration
             # more on every search.
-            call = self._submit(fn, *args, executor=executor)
+            call = self._run(fn, *args, executor=executor)
             try:
                 return await asyncio.shield(call)
             except asyncio.CancelledError:
                 await asyncio.wait([call])
                 raise
 
-    async def _run(
-        self,
-        fn: Callable[..., T],
-        *args: object,
-        executor: Executor | None = None,
-        **kwargs: object,
-    ) -> T:
-        return await self._submit(fn, *args, executor=executor, **kwargs)
-
-    def _submit(
+    def _run(
         self,
         fn: Callable[..., T],
         *args: object,
         executor: Executor | None = None,
         **kwargs: object,
     ) -> asyncio.Future[T]:
+        """`fn` on a worker thread (`work` unless told), as a future to await."""
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(executor or self._work, lambda: fn(*args, **kwargs))
