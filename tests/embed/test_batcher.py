@@ -110,11 +110,19 @@ async def test_failed_batch_fails_every_waiter_and_worker_lives(
 ) -> None:
     batcher = make_batcher()
     blocker = await _block_model(fake, batcher)
+    # A call the worker takes into a round of its own, where it waits for the model: the two
+    # calls after it then wait together for the next round, in whichever order their
+    # tokenizing ends (without it the worker could take the first before the second came).
+    holder = asyncio.create_task(batcher.embed(["holder"]))
+    await _until(lambda: batcher.waiting_texts == 1)
+    for _ in range(3):
+        await asyncio.sleep(0)  # the worker, woken by the holder's arrival, takes it
     poisoned = asyncio.create_task(batcher.embed(["fine", "bad!"]))
     neighbour = asyncio.create_task(batcher.embed(["neighbour"]))
-    await _until(lambda: batcher.waiting_texts == 3)
+    await _until(lambda: batcher.waiting_texts == 4)
     fake.gate.set()
     await blocker
+    assert (await holder)[0, 0] == len("holder")
     results = await asyncio.gather(poisoned, neighbour, return_exceptions=True)
     assert all(isinstance(r, BatchFailed) for r in results)
     assert sorted(fake.batches[-1]) == ["bad!", "fine", "neighbour"]
