@@ -26,7 +26,7 @@ from typing import Any
 import faiss
 import matplotlib
 import numpy as np
-from recall_at_size import DATA, K, chunk_texts, embed, progress
+from recall_at_size import DATA, K, chunk_texts, embed, progress, s150_questions
 
 from embed_service.hashing import HashingEmbedder
 from index_service.stores import NPROBE_STEPS, build_ivf, recall_by_score
@@ -166,11 +166,9 @@ def main() -> None:
     parser.add_argument("--machine", default="2-core x86_64 CPU")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-    embedder = HashingEmbedder()
-    questions = embedder.embed(embedder.tokenize([json.loads(q)["question"] for q in lines]))
-    result: dict[str, Any] = {"size": args.size, "machine": args.machine, "questions": len(lines)}
-    result.update(measure(args, questions.astype(np.float32)))
+    questions = s150_questions(args.data)
+    result: dict[str, Any] = {"size": args.size, "machine": args.machine}
+    result.update(questions=len(questions), **measure(args, questions))
     args.out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")
     path = args.out / f"ivf-fastscan-{args.size}-{slug}"

@@ -52,6 +52,14 @@ def chunk_texts(size: int, data: Path, respell: bool) -> list[str]:
     return texts[:size]
 
 
+def s150_questions(data: Path) -> np.ndarray:
+    """The s150 questions, embedded with the hashing embedder."""
+    lines = (data / "s150.questions.jsonl").read_text().splitlines()
+    embedder = HashingEmbedder()
+    vectors = embedder.embed(embedder.tokenize([json.loads(q)["question"] for q in lines]))
+    return vectors.astype(np.float32)
+
+
 def embed(texts: list[str], embedder: HashingEmbedder) -> np.ndarray:
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
     for start in range(0, len(texts), 10_000):
@@ -152,15 +160,13 @@ def main() -> None:
     parser.add_argument("--machine", default="2-core x86_64 CPU")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
-    lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-    embedder = HashingEmbedder()
-    questions = embedder.embed(embedder.tokenize([json.loads(q)["question"] for q in lines]))
+    questions = s150_questions(args.data)
     result: dict[str, Any] = {
         "size": args.size,
         "machine": args.machine,
         "target_recall": args.target_recall,
-        "questions": len(lines),
-        "runs": [measure(c, args, questions.astype(np.float32)) for c in args.copies],
+        "questions": len(questions),
+        "runs": [measure(c, args, questions) for c in args.copies],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"recall-at-size-{args.size}"
