@@ -148,6 +148,6 @@ def main() -> None:
     )
     if not single_threaded_numpy_blas():
         log.warning("could not limit numpy's BLAS threads; tail latency may suffer under load")
-    # uvloop: a Search's hop to a request thread and back took 0.10 ms on asyncio's loop and
-    # 0.08 ms on uvloop (benchmarks/index/search_path.py gives the whole call's figures).
+    # uvloop: with the registry awaiting the request thread's own future, it took the Search
+    # path from 0.51 to 0.41 ms (benchmarks/index/search_path.py; the README's figures).
     uvloop.run(_serve(IndexSettings()))

@@ -43,6 +43,7 @@ def answer(conn: Connection) -> None:
 
 
 def spin() -> None:
+    """Keep a core busy at the lowest priority, until killed."""
     os.nice(19)
     while True:
         pass
@@ -82,17 +83,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     parser.add_argument("--machine", default="x86_64 CPU", help="names the machine in files")
     args = parser.parse_args()
-    result: dict[str, object] = {"machine": args.machine}
-    result["overhead_p50_ms"] = overheads(args.work_ms, args.calls)
+    idle = overheads(args.work_ms, args.calls)
     print("again, with a spinning process a core at nice 19", flush=True)
     spinners = [mp.Process(target=spin, daemon=True) for _ in range(os.cpu_count() or 1)]
     for spinner in spinners:
         spinner.start()
     try:
-        result["overhead_busy_p50_ms"] = overheads(args.work_ms, args.calls)
+        busy = overheads(args.work_ms, args.calls)
     finally:
         for spinner in spinners:
             spinner.kill()
+    result = {"machine": args.machine, "overhead_p50_ms": idle, "overhead_busy_p50_ms": busy}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / ("wakeup-" + re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-"))
     path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
@@ -103,8 +104,7 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for key, label in (("overhead_p50_ms", "idle CPUs"), ("overhead_busy_p50_ms", "no CPU idle")):
-        points: dict[str, float] = result[key]  # type: ignore[assignment]
+    for points, label in ((idle, "idle CPUs"), (busy, "no CPU idle")):
         ax.plot([float(w) for w in points], list(points.values()), "o-", label=label)
     ax.legend()
     ax.set(xlabel="work the round trip waits for, ms", ylabel="round trip beyond it, ms p50")
