@@ -9,7 +9,8 @@ Each gets the same chunks, vectors and queries as the service, is loaded the way
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
 from as many connections as the service has clients, Chroma's embedded client from one), and
 is searched one query at a time, returning what a search result needs (id, conversation,
-text).
+text). The service's shard answers each query just before the alternative does, and is timed
+there too (beside.py): the ratio of the two holds on a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import struct
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import psutil
+from beside import ShardBeside, ShardProbe
 from cpu import seconds
 
 BATCH = 1_000
@@ -60,6 +62,13 @@ class AlternativeResult:
     search_p99_ms: float
     recall_at_10: float  # by the caller's `recall` of the ids found for each query
     notes: str  # settings used
+    # The shard's times, taken query by query beside this system's (ShardBeside.figures).
+    beside: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The result as one flat row, the shard's times beside it included."""
+        fields = asdict(self)
+        return {**fields, **fields.pop("beside")}
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -75,8 +84,9 @@ def _result(
     samples: list[float],
     recall: float,
     notes: str,
+    beside: dict[str, float],
 ) -> AlternativeResult:
-    """`ingest`: the load's (wall, CPU) seconds."""
+    """`ingest`: the load's (wall, CPU) seconds; `beside`: the shard's times beside these."""
     p50, p99 = percentiles(samples)
     ingest_s, ingest_cpu_s = ingest
     return AlternativeResult(
@@ -89,6 +99,7 @@ def _result(
         search_p99_ms=p99,
         recall_at_10=recall,
         notes=notes,
+        beside=beside,
     )
 
 
@@ -135,13 +146,15 @@ async def bench_pgvector(
     progress: Callable[[str], None],
     writers: int,
     cpu_seconds: Callable[[], float],
+    probe: ShardProbe,
     full_text: bool = False,
 ) -> list[AlternativeResult]:
     """pgvector HNSW (inner product on unit vectors, pgvector's default build settings), one
     result per ef_search in EF_SEARCH; with `full_text`, the chunks' English full text is
     indexed too (GIN), as hybrid search needs. `writers` connections load it at once, as the
     service's clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL (all of it: an
-    idle stack's polling on the same server counts too) and this process, the client."""
+    idle stack's polling on the same server counts too) and this process, the client. The
+    shard of `probe` is timed beside each query."""
     n, dim = corpus.vectors.shape
     name = "pgvector-hnsw-fts" if full_text else "pgvector-hnsw"
     conn = await _vector_connection(pg_url, dim)
@@ -211,21 +224,26 @@ async def bench_pgvector(
         results = []
         for ef_search in EF_SEARCH:
             await conn.execute(f"SET hnsw.ef_search = {ef_search}")
-            for q in queries[:WARMUP]:
-                await stmt.fetch(q)
             samples, found = [], []
-            for q in queries:
-                t0 = time.perf_counter()
-                hits = await stmt.fetch(q)
-                samples.append(time.perf_counter() - t0)
-                found.append([r["id"] for r in hits])
+            with ShardBeside(probe) as shard:  # blocking calls: nothing else runs meanwhile
+                for q in queries[:WARMUP]:
+                    shard.search(q, timed=False)
+                    await stmt.fetch(q)
+                for q in queries:
+                    shard.search(q)
+                    t0 = time.perf_counter()
+                    hits = await stmt.fetch(q)
+                    samples.append(time.perf_counter() - t0)
+                    found.append([r["id"] for r in hits])
             notes = (
                 f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
                 f"ef_search={ef_search}; index built before load; {writers} writers, "
                 f"COPY batches of {BATCH}" + ("; english full text, GIN" if full_text else "")
             )
             system = f"{name}-ef{ef_search}"
-            results.append(_result(system, n, ingest, samples, recall(found), notes))
+            results.append(
+                _result(system, n, ingest, samples, recall(found), notes, shard.figures())
+            )
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:
         await conn.close()
@@ -276,10 +294,11 @@ def _chroma_load(
 
 
 def _chroma_search(
-    folder: Path, queries: np.ndarray, ef_search: int
-) -> tuple[list[float], list[list[str]], dict[str, Any], float]:
-    """Opens the collection at `ef_search` and times each query: (latencies in seconds, ids
-    found, the index's settings, this process's peak resident GB)."""
+    folder: Path, queries: np.ndarray, ef_search: int, probe: ShardProbe
+) -> tuple[list[float], list[list[str]], dict[str, Any], float, dict[str, float]]:
+    """Opens the collection at `ef_search` and times each query, with the shard of `probe`
+    timed beside it: (latencies in seconds, ids found, the index's settings, this process's
+    peak resident GB, the shard's times)."""
     collection = _chroma_client(folder).get_collection("alt_chunks", embedding_function=None)
     collection.modify(configuration={"hnsw": {"ef_search": ef_search}})
     # A loaded index keeps the ef_search it was opened with: read the folder anew.
@@ -297,15 +316,18 @@ def _chroma_search(
         )
         return list(res["ids"][0])
 
-    for q in queries[:WARMUP]:  # also loads the index
-        search(q)
     samples, found = [], []
-    for q in queries:
-        t0 = time.perf_counter()
-        found.append(search(q))
-        samples.append(time.perf_counter() - t0)
+    with ShardBeside(probe) as shard:
+        for q in queries[:WARMUP]:  # also loads the index
+            shard.search(q, timed=False)
+            search(q)
+        for q in queries:
+            shard.search(q)
+            t0 = time.perf_counter()
+            found.append(search(q))
+            samples.append(time.perf_counter() - t0)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
-    return samples, found, config, peak_kb / 2**20
+    return samples, found, config, peak_kb / 2**20, shard.figures()
 
 
 def _in_process(method: Literal["fork", "spawn"], target: Callable[..., Any], *args: Any) -> Any:
@@ -345,6 +367,7 @@ def bench_chroma(
     queries: np.ndarray,
     recall: Callable[[list[list[str]]], float],
     progress: Callable[[str], None],
+    probe: ShardProbe,
 ) -> list[AlternativeResult]:
     """Chroma's embedded PersistentClient with cosine HNSW and its default index settings,
     searched at each of EF_SEARCH (its default is 100).
@@ -352,6 +375,7 @@ def bench_chroma(
     Loaded in a forked process (it shares the corpus with this one), then searched at each
     ef_search from a new process, as a service restarted on the folder would be: each reopens
     the collection with that setting. The ingest CPU is the loading process's, where Chroma ran.
+    That process also times the shard of `probe` beside each query.
     """
     import chromadb
 
@@ -360,8 +384,8 @@ def bench_chroma(
     results = []
     for ef_search in EF_SEARCH:
         progress(f"  chroma: searching at ef_search {ef_search}")
-        samples, found, config, peak_gb = _in_process(
-            "spawn", _chroma_search, folder, queries, ef_search
+        samples, found, config, peak_gb, beside = _in_process(
+            "spawn", _chroma_search, folder, queries, ef_search, probe
         )
         notes = (
             f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
@@ -369,9 +393,7 @@ def bench_chroma(
             f"ef_search={ef_search}; add batches of {batch}; loaded in one process, searched "
             f"from another, which peaked at {peak_gb:.1f} GB resident"
         )
-        results.append(
-            _result(
-                f"chroma-ef{ef_search}", n, (ingest_s, ingest_cpu_s), samples, recall(found), notes
-            )
-        )
+        system = f"chroma-ef{ef_search}"
+        ingest = (ingest_s, ingest_cpu_s)
+        results.append(_result(system, n, ingest, samples, recall(found), notes, beside))
     return results

@@ -10,7 +10,8 @@ from typing import Any
 
 def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{label}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    results = {**meta, "rows": rows, "ratios": equal_recall_ratios(rows)}
+    (out / f"{label}.json").write_text(json.dumps(results, indent=2) + "\n")
     fields = sorted({k for r in rows for k in r})
     with open(out / f"{label}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
@@ -43,6 +44,44 @@ def shard_curve(row: dict[str, Any]) -> list[tuple[int, float, float]]:
     return [(n, *points[n]) for n in sorted(points)]
 
 
+def equal_recall_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each alternative setting timed beside the shard: the nprobe with the lowest p50
+    beside it among those that find at least as much (recall@10 from the service's row of that
+    size), and that p50 as a share of the setting's. `nprobe` None: no nprobe timed found as
+    much. Rows of runs from before the shard was timed beside the alternatives give none."""
+    recalls = {
+        r["chunks"]: {n: recall for n, _, recall in shard_curve(r)}
+        for r in rows
+        if r["system"] == "memory-service" and "shard_search_p50_ms" in r
+    }
+    out = []
+    for r in rows:
+        beside = {
+            int(key.removeprefix("beside_nprobe").removesuffix("_p50_ms")): ms
+            for key, ms in r.items()
+            if key.startswith("beside_nprobe") and key.endswith("_p50_ms")
+        }
+        if r["system"] == "memory-service" or not beside or r["chunks"] not in recalls:
+            continue
+        found = recalls[r["chunks"]]
+        enough = [n for n in beside if found[n] >= r["recall_at_10"]]
+        best = min(enough, key=lambda n: beside[n], default=None)
+        out.append(
+            {
+                "system": r["system"],
+                "chunks": r["chunks"],
+                "service_chunks": r["service_chunks"],
+                "recall_at_10": r["recall_at_10"],
+                "search_p50_ms": r["search_p50_ms"],
+                "nprobe": best,
+                "shard_recall_at_10": None if best is None else found[best],
+                "shard_p50_ms": None if best is None else beside[best],
+                "shard_share": None if best is None else beside[best] / r["search_p50_ms"],
+            }
+        )
+    return out
+
+
 def _family(system: str) -> str:
     base = system.split("-ef")[0]
     return NAMES.get(base, base)
@@ -57,7 +96,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
     service = [r for r in rows if r["system"] == "memory-service"]
     others = [r for r in rows if r["system"] != "memory-service"]
-    fig, (ax1, ax2, ax3, ax4) = plt.subplots(1, 4, figsize=(20, 4.5))
+    fig, (ax1, ax2, ax3, ax4, ax5) = plt.subplots(1, 5, figsize=(25, 4.5))
     sizes = [r["chunks"] for r in service]
     for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
         ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
@@ -122,6 +161,17 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ax4.tick_params(axis="x", labelrotation=15)
     ax4.set_title(f"ingest CPU, {top['chunks']:,} chunks")
     ax4.legend(fontsize=7)
+
+    # The shard's time at equal recall, as a share of each alternative setting's, both timed
+    # query by query in the same loop.
+    ratios = [r for r in equal_recall_ratios(rows) if r["service_chunks"] == largest]
+    reached = [r for r in ratios if r["shard_share"] is not None]
+    labels = [f"{_family(r['system'])}\n{r['system'].rsplit('-', 1)[-1]}" for r in reached]
+    ax5.bar(labels, [r["shard_share"] for r in reached])
+    ax5.axhline(1.0, color="black", linewidth=0.8)
+    ax5.set(ylabel="shard time / alternative's time")
+    ax5.tick_params(axis="x", labelsize=6, labelrotation=90)
+    ax5.set_title(f"vector search at equal recall, timed beside, {top['chunks']:,} chunks")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

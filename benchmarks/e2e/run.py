@@ -28,7 +28,10 @@ it measures:
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
   service's hybrid search needs) and Chroma, and asked the same query vectors
-  (benchmarks/e2e/alternatives.py), with the CPU their loads cost a chunk.
+  (benchmarks/e2e/alternatives.py), with the CPU their loads cost a chunk. The shard is timed
+  again beside each of their queries (benchmarks/e2e/beside.py), and each alternative setting
+  is compared with the fastest nprobe that finds as much, by those times (`ratios` in the
+  JSON, the last panel of the plot).
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
@@ -68,11 +71,12 @@ from alternatives import (
     bench_pgvector,
     percentiles,
 )
+from beside import ShardProbe
 from corpus import conversations
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from report import plot, write
+from report import equal_recall_ratios, plot, write
 
 from api_service import timing
 from api_service.devstack import DEV_ORG, stack_in_subprocess
@@ -326,12 +330,9 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
 
 
-async def shard_search(
-    args: argparse.Namespace, pg_url: str, queries: np.ndarray, recall: Recall
-) -> dict[str, Any]:
-    """The service's vector ranking timed as the alternatives are: handed the query vector,
-    one client, over its connection (the shard's gRPC Search; no HTTP, authentication,
-    embedding or chunk rows). At the calibrated nprobe, and for an IVF org at SHARD_NPROBES."""
+async def shard_probe(args: argparse.Namespace, pg_url: str) -> ShardProbe:
+    """The org on the shard, and the nprobe values its vector ranking is timed at beside the
+    alternatives: the calibrated one and, for an IVF org, SHARD_NPROBES below its list count."""
     conn = await asyncpg.connect(pg_url)
     try:
         org_id = await conn.fetchval("SELECT org_id FROM orgs WHERE name = $1", DEV_ORG)
@@ -339,6 +340,18 @@ async def shard_search(
         await conn.close()
     epoch = routing_epoch([args.index_address])  # the api's: a different one reloads the org
     async with grpc.aio.insecure_channel(args.index_address) as channel:
+        shard = index_pb2_grpc.IndexServiceStub(channel)
+        stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
+    nprobes = {stats.nprobe, *(n for n in SHARD_NPROBES if n < stats.nlist)}
+    return ShardProbe(args.index_address, org_id, epoch, tuple(sorted(nprobes)))
+
+
+async def shard_search(probe: ShardProbe, queries: np.ndarray, recall: Recall) -> dict[str, Any]:
+    """The service's vector ranking timed as the alternatives are: handed the query vector,
+    one client, over its connection (the shard's gRPC Search; no HTTP, authentication,
+    embedding or chunk rows). At the calibrated nprobe, and for an IVF org at SHARD_NPROBES."""
+    org_id, epoch = probe.org_id, probe.epoch
+    async with grpc.aio.insecure_channel(probe.address) as channel:
         shard = index_pb2_grpc.IndexServiceStub(channel)
         stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
 
@@ -438,17 +451,29 @@ async def measure(
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
             row["recall_at_10"] = recall(found)
-            row.update(await shard_search(args, pg_url, queries, recall))
+            probe = await shard_probe(args, pg_url)
+            row.update(await shard_search(probe, queries, recall))
             progress(f"  service: {row}")
             rows.append(row)
             save(rows)
             if size > args.alternatives_max:
                 continue
-            async for results in alternatives(args, size, pg_url, corpus, queries, recall, meter):
+            compared = alternatives(args, size, pg_url, corpus, queries, recall, meter, probe)
+            async for results in compared:
                 for result in results:
                     progress(f"  {result}")
-                    rows.append({**vars(result), "service_chunks": size})
+                    rows.append({**result.row(), "service_chunks": size})
                 save(rows)
+            for ratio in (r for r in equal_recall_ratios(rows) if r["service_chunks"] == size):
+                head = f"  {ratio['system']} (recall {ratio['recall_at_10']:.3f}): "
+                if ratio["nprobe"] is None:
+                    progress(head + "no nprobe timed found as much")
+                    continue
+                progress(
+                    head + f"the shard at nprobe {ratio['nprobe']} (recall "
+                    f"{ratio['shard_recall_at_10']:.3f}) took {ratio['shard_share']:.2f}x its "
+                    "time, timed beside it"
+                )
     return rows
 
 
@@ -460,8 +485,10 @@ async def alternatives(
     queries: np.ndarray,
     recall: Recall,
     meter: CpuMeter,
+    probe: ShardProbe,
 ) -> AsyncIterator[list[AlternativeResult]]:
-    """Each alternative's results, as each finishes."""
+    """Each alternative's results, as each finishes, with the shard of `probe` timed beside
+    each of its queries."""
 
     def postgres_and_client() -> float:
         parts = meter.read()
@@ -477,11 +504,14 @@ async def alternatives(
                 progress,
                 GROWTH_CLIENTS,
                 postgres_and_client,
+                probe,
                 full_text=variant == "pgvector-fts",
             )
     if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
-        chroma = await asyncio.to_thread(bench_chroma, folder, corpus, queries, recall, progress)
+        chroma = await asyncio.to_thread(
+            bench_chroma, folder, corpus, queries, recall, progress, probe
+        )
         shutil.rmtree(folder, ignore_errors=True)
         yield chroma
 
