@@ -225,12 +225,12 @@ async def bench_pgvector(
         for ef_search in EF_SEARCH:
             await conn.execute(f"SET hnsw.ef_search = {ef_search}")
             samples, found = [], []
-            with ShardBeside(probe) as shard:  # blocking calls: nothing else runs meanwhile
-                for q in queries[:WARMUP]:
-                    shard.search(q, timed=False)
+            with ShardBeside(probe, queries) as shard:  # blocking: nothing else runs meanwhile
+                for step, q in enumerate(queries[:WARMUP]):
+                    shard.search(step, timed=False)
                     await stmt.fetch(q)
-                for q in queries:
-                    shard.search(q)
+                for step, q in enumerate(queries):
+                    shard.search(step)
                     t0 = time.perf_counter()
                     hits = await stmt.fetch(q)
                     samples.append(time.perf_counter() - t0)
@@ -317,12 +317,12 @@ def _chroma_search(
         return list(res["ids"][0])
 
     samples, found = [], []
-    with ShardBeside(probe) as shard:
-        for q in queries[:WARMUP]:  # also loads the index
-            shard.search(q, timed=False)
+    with ShardBeside(probe, queries) as shard:
+        for step, q in enumerate(queries[:WARMUP]):  # also loads the index
+            shard.search(step, timed=False)
             search(q)
-        for q in queries:
-            shard.search(q)
+        for step, q in enumerate(queries):
+            shard.search(step)
             t0 = time.perf_counter()
             found.append(search(q))
             samples.append(time.perf_counter() - t0)
