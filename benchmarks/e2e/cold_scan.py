@@ -8,7 +8,8 @@ request threads search:
 - exact search over the first --flat chunks: on float32 vectors, one matrix-vector product
   (BLAS), and on float16 codes (FAISS's scalar quantizer: half the bytes, scores within
   2**-11),
-- the float16 IVF the shard builds at --size (build_ivf) at nprobe 64,
+- the float16 IVF the shard builds at --size (build_ivf) at nprobe 8 (a working set of a few
+  MB, which the caches could hold) and 64,
 - IVF-PQ fast-scan (384 sub-quantizers of 4 bits) on the same lists at nprobe 96, its best
   1,000 re-scored on float16 codes: at 100k it finds as much as the float16 IVF at 64
   (ivf_fastscan.py), from an eighth of the bytes a scanned vector.
@@ -92,6 +93,7 @@ def variants(args: argparse.Namespace) -> tuple[dict[str, Search], np.ndarray]:
     found: dict[str, Search] = {
         f"exact float32 (BLAS), {args.flat:,} chunks": lambda q: top_k(flat @ q[0], flat_labels, K),
         f"exact float16 (FAISS), {args.flat:,} chunks": lambda q: flat_halves.search(q, K),
+        "float16 IVF, nprobe 8": lambda q: store.search(q, K, None, 8),
         "float16 IVF, nprobe 64": lambda q: store.search(q, K, None, 64),
         "PQ384x4 fast-scan, nprobe 96, rerank 1000": lambda q: fast(q, 96),
     }

@@ -169,9 +169,9 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     labels = [f"{_family(r['system'])}\n{r['system'].rsplit('-', 1)[-1]}" for r in reached]
     ax5.bar(labels, [r["shard_share"] for r in reached])
     ax5.axhline(1.0, color="black", linewidth=0.8)
-    ax5.set(ylabel="shard time / alternative's time")
+    ax5.set(ylabel="shard's time / the alternative's")
     ax5.tick_params(axis="x", labelsize=6, labelrotation=90)
-    ax5.set_title(f"vector search at equal recall, timed beside, {top['chunks']:,} chunks")
+    ax5.set_title(f"equal recall, timed beside, {top['chunks']:,} chunks")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
