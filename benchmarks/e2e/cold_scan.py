@@ -22,8 +22,6 @@ Writes results/cold-scan-<size>-<machine>.json and .png.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -34,7 +32,16 @@ import faiss
 import matplotlib
 import numpy as np
 from ivf_fastscan import fastscan, reranked
-from recall_at_size import DATA, K, chunk_texts, embed, progress, s150_questions
+from recall_at_size import (
+    K,
+    chunk_texts,
+    corpus_options,
+    embed,
+    machine_slug,
+    progress,
+    s150_questions,
+    save,
+)
 
 from embed_service.hashing import HashingEmbedder
 from index_service.native import single_threaded_numpy_blas
@@ -155,25 +162,16 @@ def main() -> None:
         epilog=__doc__.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--size", type=int, default=100_000, help="chunks in the IVF org")
+    corpus_options(parser, 100_000)
     parser.add_argument("--flat", type=int, default=10_000, help="chunks in the exact org")
     parser.add_argument(
         "--gaps", type=float, nargs="+", default=[0, 0.5, 1, 2, 5], help="ms before each query"
     )
-    parser.add_argument("--target-recall", type=float, default=0.97)
-    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--machine", default="2-core x86_64 CPU")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     questions = s150_questions(args.data)
     result: dict[str, Any] = {"size": args.size, "machine": args.machine, "gaps_ms": args.gaps}
     result.update(questions=len(questions), **measure(args, questions))
-    args.out.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")
-    path = args.out / f"cold-scan-{args.size}-{slug}"
-    path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, path.with_suffix(".png"))
-    progress(f"wrote {path}.json and .png")
+    save(result, args.out / f"cold-scan-{args.size}-{machine_slug(args.machine)}", plot)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,28 @@ K = 10
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def corpus_options(parser: argparse.ArgumentParser, size: int) -> None:
+    """The options of every script here that builds an org of the e2e corpus at one size."""
+    parser.add_argument("--size", type=int, default=size, help="chunks in the org")
+    parser.add_argument("--target-recall", type=float, default=0.97)
+    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
+    parser.add_argument("--machine", default="2-core x86_64 CPU")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+
+
+def save(result: dict[str, Any], path: Path, plot: Callable[[dict[str, Any], Path], None]) -> None:
+    """`result` as path.json and its plot as path.png."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, path.with_suffix(".png"))
+    progress(f"wrote {path}.json and .png")
+
+
+def machine_slug(machine: str) -> str:
+    """The machine's name as part of a file name."""
+    return re.sub(r"[^a-z0-9]+", "-", machine.lower()).strip("-")
 
 
 def chunk_texts(size: int, data: Path, respell: bool) -> list[str]:
@@ -151,14 +175,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=530_000, help="chunks in the org")
+    corpus_options(parser, 530_000)
     parser.add_argument(
         "--copies", nargs="+", choices=["exact", "respelt"], default=["exact", "respelt"]
     )
-    parser.add_argument("--target-recall", type=float, default=0.97)
-    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--machine", default="2-core x86_64 CPU")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     questions = s150_questions(args.data)
     result: dict[str, Any] = {
@@ -168,11 +188,7 @@ def main() -> None:
         "questions": len(questions),
         "runs": [measure(c, args, questions) for c in args.copies],
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"recall-at-size-{args.size}"
-    path.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    plot(result, path.with_suffix(".png"))
-    progress(f"wrote {path}.json and .png")
+    save(result, args.out / f"recall-at-size-{args.size}", plot)
 
 
 if __name__ == "__main__":
