@@ -41,6 +41,7 @@ from recall_at_size import (
     progress,
     s150_questions,
     save,
+    script_parser,
 )
 
 from embed_service.hashing import HashingEmbedder
@@ -157,11 +158,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("Usage:")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = script_parser(__doc__)
     corpus_options(parser, 100_000)
     parser.add_argument("--flat", type=int, default=10_000, help="chunks in the exact org")
     parser.add_argument(

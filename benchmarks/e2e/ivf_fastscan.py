@@ -33,6 +33,7 @@ from recall_at_size import (
     progress,
     s150_questions,
     save,
+    script_parser,
 )
 
 from embed_service.hashing import HashingEmbedder
@@ -160,11 +161,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("Usage:")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = script_parser(__doc__)
     corpus_options(parser, 100_000)
     parser.add_argument("--m", type=int, nargs="+", default=[192, 384], help="sub-quantizers")
     parser.add_argument("--rerank", type=int, nargs="+", default=[100, 300, 1000])

@@ -41,6 +41,16 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def script_parser(doc: str) -> argparse.ArgumentParser:
+    """A command line parser whose help is the script's docstring: its first paragraph, then
+    what follows "Usage:"."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("Usage:")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def corpus_options(parser: argparse.ArgumentParser, size: int) -> None:
     """The options of every script here that builds an org of the e2e corpus at one size."""
     parser.add_argument("--size", type=int, default=size, help="chunks in the org")
@@ -174,7 +184,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     corpus_options(parser, 530_000)
     parser.add_argument(
         "--copies", nargs="+", choices=["exact", "respelt"], default=["exact", "respelt"]
