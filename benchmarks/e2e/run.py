@@ -330,9 +330,12 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
 
 
-async def shard_probe(args: argparse.Namespace, pg_url: str) -> ShardProbe:
+async def shard_probe(
+    args: argparse.Namespace, pg_url: str
+) -> tuple[ShardProbe, index_pb2.StatsResponse]:
     """The org on the shard, and the nprobe values its vector ranking is timed at beside the
-    alternatives: the calibrated one and, for an IVF org, SHARD_NPROBES below its list count."""
+    alternatives: the calibrated one and, for an IVF org, SHARD_NPROBES below its list count;
+    with the org's Stats (its lists and calibrated nprobe)."""
     conn = await asyncpg.connect(pg_url)
     try:
         org_id = await conn.fetchval("SELECT org_id FROM orgs WHERE name = $1", DEV_ORG)
@@ -343,17 +346,18 @@ async def shard_probe(args: argparse.Namespace, pg_url: str) -> ShardProbe:
         shard = index_pb2_grpc.IndexServiceStub(channel)
         stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
     nprobes = {stats.nprobe, *(n for n in SHARD_NPROBES if n < stats.nlist)}
-    return ShardProbe(args.index_address, org_id, epoch, tuple(sorted(nprobes)))
+    return ShardProbe(args.index_address, org_id, epoch, tuple(sorted(nprobes))), stats
 
 
-async def shard_search(probe: ShardProbe, queries: np.ndarray, recall: Recall) -> dict[str, Any]:
+async def shard_search(
+    probe: ShardProbe, stats: index_pb2.StatsResponse, queries: np.ndarray, recall: Recall
+) -> dict[str, Any]:
     """The service's vector ranking timed as the alternatives are: handed the query vector,
     one client, over its connection (the shard's gRPC Search; no HTTP, authentication,
     embedding or chunk rows). At the calibrated nprobe, and for an IVF org at SHARD_NPROBES."""
     org_id, epoch = probe.org_id, probe.epoch
     async with grpc.aio.insecure_channel(probe.address) as channel:
         shard = index_pb2_grpc.IndexServiceStub(channel)
-        stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
 
         async def timed(nprobe: int) -> tuple[float, float, float]:
             times, found = [], []
@@ -451,8 +455,8 @@ async def measure(
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
             row["recall_at_10"] = recall(found)
-            probe = await shard_probe(args, pg_url)
-            row.update(await shard_search(probe, queries, recall))
+            probe, stats = await shard_probe(args, pg_url)
+            row.update(await shard_search(probe, stats, queries, recall))
             progress(f"  service: {row}")
             rows.append(row)
             save(rows)
