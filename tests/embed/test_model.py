@@ -80,6 +80,20 @@ def test_fused_attention_matches_transformers(real_model: TransformerEmbedder) -
     torch.testing.assert_close(fused[real], eager[real], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_leaves_cudnn_attention_out(real_model: TransformerEmbedder) -> None:
+    """On CUDA the model turns cuDNN's attention off (a plan per new shape) and still gives
+    the CPU's vectors, to bfloat16 precision."""
+    from embed_service.assembly import ensure_model_folder
+    from tests.embed.conftest import REPO_ROOT
+
+    texts = ["short", "[user]: where is the station?\n[assistant]: Two blocks north. " * 6]
+    on_gpu = TransformerEmbedder(ensure_model_folder(REPO_ROOT / "var" / "models"), "cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    cosine = (_embed(on_gpu, texts) * _embed(real_model, texts)).sum(axis=1)
+    assert cosine.min() > 0.999
+
+
 def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEmbedder) -> None:
     """A long text is tokenized from a prefix of whole words first; the ids must be those of
     the text itself, whether that prefix holds 384 tokens or too few, or cannot be cut."""
