@@ -9,8 +9,17 @@ from typing import Any
 
 
 def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
+    """JSON, CSV and PNG of the rows. A row's `samples_*` lists (each latency, in the order
+    taken) go to the JSON's `samples`, beside the row's system and size, not to the CSV."""
     out.mkdir(parents=True, exist_ok=True)
-    results = {**meta, "rows": rows, "ratios": equal_recall_ratios(rows)}
+    samples = [
+        {"system": r["system"], "chunks": r["chunks"]}
+        | {k.removeprefix("samples_"): v for k, v in r.items() if k.startswith("samples_")}
+        for r in rows
+        if any(k.startswith("samples_") for k in r)
+    ]
+    rows = [{k: v for k, v in r.items() if not k.startswith("samples_")} for r in rows]
+    results = {**meta, "rows": rows, "ratios": equal_recall_ratios(rows), "samples": samples}
     (out / f"{label}.json").write_text(json.dumps(results, indent=2) + "\n")
     fields = sorted({k for r in rows for k in r})
     with open(out / f"{label}.csv", "w", newline="") as f:

@@ -39,7 +39,8 @@ settled service, not of one still digesting its growth.
 
 With the hashing embedder (the default) embedding costs microseconds, so the figures are the
 service's own; `--embedder transformer` runs the real model. Writes results/<label>.json,
-.csv and .png, after each size.
+.csv and .png, after each size; the JSON's `samples` hold every timed append's and search's
+latency in the order taken, to read a tail from (early calls, or spread).
 
 `own`: the time the request would take if embedding took none, from its Server-Timing parts
 (see without_embedding). The embedding runs beside other work, so subtracting its whole call
@@ -170,7 +171,13 @@ def without_embedding(parts: dict[str, float]) -> float:
     return parts["total"] - (max(embed + index, lexical) - max(index, lexical))
 
 
-async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float]:
+def samples_ms(times: list[float]) -> list[float]:
+    """Latencies in seconds as milliseconds, in the order taken, for the results' `samples`
+    (a tail is read from them: which calls were slow, early ones or spread)."""
+    return [round(t * 1000, 3) for t in times]
+
+
+async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, Any]:
     """One-message appends, one client: the whole request as the client sees it, and the
     service's own time with the embedding taken out."""
     r = await http.post("/api/v1/conversations", json={"title": "append latency"})
@@ -192,7 +199,10 @@ async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float
             own.append(without_embedding(timings) / 1000)
             for name, times in parts.items():
                 times.append(timings.get(name, 0.0) / 1000)
-    figures: dict[str, float] = {}
+    figures: dict[str, Any] = {
+        "samples_append_ms": samples_ms(whole),
+        "samples_append_own_ms": samples_ms(own),
+    }
     for name, times in [("append", whole), ("append_own", own)] + [
         (f"append_{part}", times) for part, times in parts.items()
     ]:
@@ -202,7 +212,7 @@ async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, float
 
 async def search_latency(
     base_url: str, key: str, questions: list[str]
-) -> tuple[dict[str, float], list[list[str]]]:
+) -> tuple[dict[str, Any], list[list[str]]]:
     """REST and MCP search latency; the MCP (vector) results, for recall."""
     headers = {"Authorization": f"Bearer {key}"}
     rest, rest_server, rest_own, mcp_times, found = [], [], [], [], []
@@ -233,7 +243,11 @@ async def search_latency(
     server_p50, server_p99 = percentiles(rest_server)
     own_p50, own_p99 = percentiles(rest_own)
     mcp_p50, mcp_p99 = percentiles(mcp_times)
-    figures = {
+    figures: dict[str, Any] = {
+        "samples_rest_search_ms": samples_ms(rest),
+        "samples_rest_search_server_ms": samples_ms(rest_server),
+        "samples_rest_search_own_ms": samples_ms(rest_own),
+        "samples_mcp_search_ms": samples_ms(mcp_times),
         "rest_search_p50_ms": rest_p50,
         "rest_search_p99_ms": rest_p99,
         "rest_search_server_p50_ms": server_p50,
@@ -457,7 +471,8 @@ async def measure(
             row["recall_at_10"] = recall(found)
             probe, stats = await shard_probe(args, pg_url)
             row.update(await shard_search(probe, stats, queries, recall))
-            progress(f"  service: {row}")
+            shown = {k: v for k, v in row.items() if not k.startswith("samples_")}
+            progress(f"  service: {shown}")
             rows.append(row)
             save(rows)
             if size > args.alternatives_max:
