@@ -96,9 +96,9 @@ class TransformerEmbedder:
         self._model: torch.nn.Module = model.to(self._device).eval()
         self._fused = device == "cuda" if fused_attention is None else fused_attention
         if device == "cuda":
-            # cuDNN's attention builds a plan at the first call of each (batch, length) shape:
-            # 55-140 ms each on an H200, against 5-10 ms for the first call of a shape without
-            # it, and a service meets new shapes for as long as it runs (README, embed_service).
+            # cuDNN's attention builds a plan at the first call of each (batch, length) shape,
+            # in each thread: 55-140 ms each on an H200, against 5-10 ms for the first call of
+            # a shape without it, and a service meets new shapes for as long as it runs.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self._dim = int(model.config.hidden_size)
         self._params = sum(p.numel() for p in model.parameters())
