@@ -222,8 +222,9 @@ async def search_latency(
         httpx.AsyncClient(headers=headers, timeout=120) as http2,
         Client(streamable_http_client(f"{base_url}/mcp", http_client=http2)) as mcp,
     ):
-        for q in questions[:10]:  # warm-up
+        for q in questions[:10]:  # warm-up, of both
             (await http.get("/api/v1/search", params={"q": q, "limit": K})).raise_for_status()
+            await mcp.call_tool("search", {"query": q, "limit": K})
         for q in questions:
             t0 = time.perf_counter()
             r = await http.get("/api/v1/search", params={"q": q, "limit": K})
