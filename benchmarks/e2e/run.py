@@ -265,14 +265,15 @@ async def search_latency(
 
 
 async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
-    """The questions embedded by the running embed_service, as the service embeds them."""
+    """The questions embedded by the running embed_service as a search embeds them, one a
+    call: on a GPU a vector depends slightly on the batch it was computed in, and recall is
+    to measure the index, not that."""
     async with grpc.aio.insecure_channel(embed_address) as channel:
         stub = embed_pb2_grpc.EmbedServiceStub(channel)
         out = []
-        for start in range(0, len(questions), 64):
-            texts = questions[start : start + 64]
-            reply = await stub.Embed(embed_pb2.EmbedRequest(texts=texts), timeout=600)
-            out.append(np.frombuffer(reply.vectors, "<f4").reshape(len(texts), reply.dim))
+        for question in questions:
+            reply = await stub.Embed(embed_pb2.EmbedRequest(texts=[question]), timeout=600)
+            out.append(np.frombuffer(reply.vectors, "<f4").reshape(1, reply.dim))
     return np.vstack(out).astype(np.float32)
 
 
