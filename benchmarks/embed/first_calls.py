@@ -90,9 +90,12 @@ def main() -> None:
         parser.error("needs a CUDA device (--device cpu only checks the script)")
     folder = args.model_dir or ensure_model_folder(REPO / "var" / "models")
     model = TransformerEmbedder(folder, device=args.device)  # on cuda: cuDNN's attention off
-    results: dict[str, Any] = {"machine": args.machine, "device": args.device}
+    results: dict[str, Any] = {
+        "machine": args.machine,
+        "device": args.device,
+        "torch": torch.__version__,
+    }
     forward(model, 1, 8)  # the process's first call: CUDA's own start-up, not a shape's
-    results["torch"] = torch.__version__
     lengths, rows, row_length = range(100, 116), range(2, 13), 48
     results.update(lengths=list(lengths), rows=list(rows), row_length=row_length)
     # cuDNN's attention left out first: its run meets every shape cold. The run that allows it

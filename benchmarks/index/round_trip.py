@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from search_path import p50_ms
 
 HERE = Path(__file__).resolve().parent
 PAYLOAD = b"x" * 64
@@ -87,17 +88,6 @@ def grpc_call(address: str) -> Callable[[], Any]:
     return lambda: stub(PAYLOAD, timeout=5)
 
 
-def p50_ms(call: Callable[[], Any], calls: int) -> float:
-    for _ in range(200):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -136,7 +126,7 @@ def main() -> None:
     rounds: dict[str, list[float]] = {name: [] for name in calls}
     for number in range(1, args.rounds + 1):
         for name, call in calls.items():
-            rounds[name].append(p50_ms(call, args.calls))
+            rounds[name].append(p50_ms(lambda _, call=call: call(), args.calls, warmup=200))
         print(
             f"round {number}/{args.rounds}: "
             + ", ".join(f"{n} {v[-1]:.3f}" for n, v in rounds.items())
