@@ -1,5 +1,5 @@
-"""Vector stores behind one small interface: exact dense flat search, and FAISS IVF over
-float16 codes with nprobe calibrated to a target recall.
+"""Vector stores behind one small interface: exact flat search, and IVF with nprobe
+calibrated to a target recall. Both keep float16 codes in FAISS inverted lists.
 
 Stores hold unit-norm vectors under int64 labels; the OrgIndex above them maps labels to chunk
 and conversation ids. Every method runs on a worker thread with the org's lock held, so a store
@@ -24,10 +24,10 @@ faiss: Any = _faiss
 
 # Labels of results that are not there (fewer candidates than k).
 MISSING = -1
-# An IVF store's scores come from float16 codes, each component within 2**-11 of itself, so
-# for unit vectors a score is within 2**-11 of the float32 inner product (Cauchy-Schwarz).
-# Dense random vectors differ by 3e-5 at most; the hashing embedder's sparser ones by 1.1e-4.
-IVF_SCORE_TOLERANCE = 2**-11
+# Scores come from float16 codes, each component within 2**-11 of itself, so for unit vectors
+# a score is within 2**-11 of the float32 inner product (Cauchy-Schwarz). Dense random
+# vectors differ by 3e-5 at most; the hashing embedder's sparser ones by 1.1e-4.
+SCORE_TOLERANCE = 2**-11
 
 
 class VectorStore(Protocol):
@@ -68,105 +68,16 @@ def exact_subset(
     return top_k(store.reconstruct(subset) @ query[0], subset, k)
 
 
-class FlatStore:
-    """Exact search over every vector: a dense matrix scored with one matrix-vector product.
+class Float16Lists:
+    """Vectors as float16 codes in the inverted lists of a FAISS IVF index, found by label
+    through a hash-table direct map (so removals cost O(removed), not O(n)).
 
-    BLAS scores a query several times faster than FAISS's flat scan for a single query, and
-    removal moves the last row into the hole, so deletes cost O(removed) rather than O(n).
-    """
+    A search reads every vector of the lists it scans, so it is bound by memory: half the
+    bytes of float32 scan 1.6x as fast (24.8 -> 15.3 ms a query at 1M vectors and nprobe 96
+    of 1024, one core; benchmarks/index/bench_ivf_codes.py), in half the memory, with the
+    same top 10 (99.95% of them, scores within 3e-5 on random vectors)."""
 
-    kind = "flat"
-
-    def __init__(self, dim: int) -> None:
-        self._dim = dim
-        self._vectors = np.empty((0, dim), dtype=np.float32)
-        self._labels = np.empty(0, dtype=np.int64)
-        self._rows: dict[int, int] = {}
-        self._n = 0
-
-    @property
-    def ntotal(self) -> int:
-        return self._n
-
-    def add(self, labels: Labels, vectors: Matrix) -> None:
-        end = self._n + labels.size
-        if end > len(self._labels):
-            self._grow(end)
-        self._vectors[self._n : end] = vectors
-        self._labels[self._n : end] = labels
-        for row, label in enumerate(labels.tolist(), start=self._n):
-            self._rows[label] = row
-        self._n = end
-
-    def remove(self, labels: Labels) -> None:
-        for label in labels.tolist():
-            row = self._rows.pop(label)
-            last = self._n - 1
-            if row != last:
-                moved = int(self._labels[last])
-                self._vectors[row] = self._vectors[last]
-                self._labels[row] = moved
-                self._rows[moved] = row
-            self._n = last
-
-    def search(
-        self, query: Matrix, k: int, subset: Labels | None, nprobe: int = 0
-    ) -> tuple[Matrix, Labels]:
-        if subset is None:
-            scores = self._vectors[: self._n] @ query[0]
-            labels = self._labels[: self._n]
-        else:
-            # Only the subset is scored: the filter narrows candidates before ranking.
-            labels = subset
-            scores = self._vectors[self._row_numbers(subset)] @ query[0]
-        return top_k(scores, labels, k)
-
-    def reconstruct(self, labels: Labels) -> Matrix:
-        out: Matrix = self._vectors[self._row_numbers(labels)]
-        return out
-
-    def export(self, labels: Labels, vectors: Matrix) -> None:
-        labels[: self._n] = self._labels[: self._n]
-        vectors[: self._n] = self._vectors[: self._n]
-
-    def memory_bytes(self) -> int:
-        # The matrix (with its growth headroom), labels, and the label -> row dict.
-        return int(self._vectors.nbytes + self._labels.nbytes + self._n * 100)
-
-    def _row_numbers(self, labels: Labels) -> Labels:
-        rows = self._rows
-        return np.fromiter((rows[label] for label in labels.tolist()), np.int64, labels.size)
-
-    def _grow(self, needed: int) -> None:
-        capacity = max(needed, 1024, len(self._labels) * 3 // 2)
-        vectors = np.empty((capacity, self._dim), dtype=np.float32)
-        vectors[: self._n] = self._vectors[: self._n]
-        labels = np.empty(capacity, dtype=np.int64)
-        labels[: self._n] = self._labels[: self._n]
-        self._vectors, self._labels = vectors, labels
-
-
-def top_k(scores: Matrix, labels: Labels, k: int) -> tuple[Matrix, Labels]:
-    """The k best (score, label) pairs as (1, k') arrays, best first, ties by label."""
-    k = min(k, scores.size)
-    if k == 0:
-        return np.empty((1, 0), np.float32), np.empty((1, 0), np.int64)
-    top = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
-    chosen = top[np.lexsort((labels[top], -scores[top]))]
-    return scores[chosen][None, :].astype(np.float32), labels[chosen][None, :]
-
-
-class IvfStore:
-    """IVF over inner product with a hash-table direct map (so removals are cheap), its nprobe
-    calibrated at build time to reach the target recall@10 on the org's own vectors.
-
-    Vectors are kept as float16 codes, not float32. A search is bound by the memory it reads
-    (the probed lists' vectors: 290 MB for 94k vectors of 768 floats), so half the bytes scan
-    1.6x as fast (24.8 -> 15.3 ms a query at 1M vectors and nprobe 96 of 1024, one core;
-    benchmarks/index/bench_ivf_codes.py), in half the memory, with the same top 10 (99.95% of
-    them, scores within 3e-5 on random vectors)."""
-
-    kind = "ivf"
+    kind = ""
 
     def __init__(self, index: Any, nprobe: int, dim: int) -> None:
         self._index = index
@@ -222,6 +133,54 @@ class IvfStore:
         return self.ntotal * (self._dim * 2 + 8 + 32) + self.nlist * self._dim * 4
 
 
+def _float16_ivf(dim: int, nlist: int) -> Any:
+    """An untrained IVF index over inner product whose lists hold float16 codes of the vectors
+    themselves (not of their residuals to a centroid)."""
+    return faiss.IndexIVFScalarQuantizer(
+        faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_fp16,
+        faiss.METRIC_INNER_PRODUCT, False,
+    )  # fmt: skip
+
+
+class FlatStore(Float16Lists):
+    """Exact search: every vector is scored, by FAISS's SIMD scan of a single list of float16
+    codes; the ranking is exact up to SCORE_TOLERANCE. On one Zen 4 core the float32
+    matrix-vector product (BLAS) it replaces took 2.4x as long at 10k-20k vectors (0.99 against
+    0.42 ms at 10k), where the matrix outgrows the caches, and was 0.02-0.04 ms faster at
+    1k-5k."""
+
+    kind = "flat"
+
+    def __init__(self, dim: int) -> None:
+        index = _float16_ivf(dim, 1)
+        index.quantizer.add(np.zeros((1, dim), np.float32))  # the one list every vector joins
+        index.is_trained = True  # float16 codes need no training
+        index.set_direct_map_type(faiss.DirectMap.Hashtable)
+        super().__init__(index, nprobe=1, dim=dim)
+
+    def search(
+        self, query: Matrix, k: int, subset: Labels | None, nprobe: int = 0
+    ) -> tuple[Matrix, Labels]:
+        return super().search(query, k, subset, 1)
+
+
+def top_k(scores: Matrix, labels: Labels, k: int) -> tuple[Matrix, Labels]:
+    """The k best (score, label) pairs as (1, k') arrays, best first, ties by label."""
+    k = min(k, scores.size)
+    if k == 0:
+        return np.empty((1, 0), np.float32), np.empty((1, 0), np.int64)
+    top = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
+    chosen = top[np.lexsort((labels[top], -scores[top]))]
+    return scores[chosen][None, :].astype(np.float32), labels[chosen][None, :]
+
+
+class IvfStore(Float16Lists):
+    """IVF over inner product, its nprobe calibrated at build time to reach the target
+    recall@10 on the org's own vectors (build_ivf)."""
+
+    kind = "ivf"
+
+
 def nlist_for(n: int) -> int:
     """Number of IVF lists: a power of two near 4*sqrt(n), at least 16."""
     return int(max(16, 2 ** round(math.log2(4 * math.sqrt(max(n, 1))))))
@@ -249,10 +208,7 @@ def build_ivf(labels: Labels, vectors: Matrix, target_recall: float, seed: int =
     """
     n, dim = vectors.shape
     nlist = nlist_for(n)
-    quantizer = faiss.IndexFlatIP(dim)
-    index = faiss.IndexIVFScalarQuantizer(
-        quantizer, dim, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT, False
-    )  # False: codes of the vectors themselves, not of their residuals to the centroid
+    index = _float16_ivf(dim, nlist)
     index.cp.spherical = True  # centroids on the unit sphere suit inner product
     index.cp.niter = TRAIN_ITERATIONS
     index.cp.seed = seed
@@ -329,6 +285,6 @@ def _noisy(rows: Matrix, cosine: float, rng: np.random.Generator) -> Matrix:
 def recall_by_score(scores: Matrix, found: Labels, kth_best: Matrix) -> float:
     """Recall@k against exact search, by score: a hit scores at least the exact k-th best, so
     of several equal vectors (duplicate chunks) any one counts, as any one is a right answer.
-    The IVF store's scores, from float16 codes, are within IVF_SCORE_TOLERANCE of exact."""
-    hits = (scores >= kth_best - IVF_SCORE_TOLERANCE) & (found != MISSING)
+    The stores' scores, from float16 codes, are within SCORE_TOLERANCE of exact."""
+    hits = (scores >= kth_best - SCORE_TOLERANCE) & (found != MISSING)
     return float(hits.sum() / scores.size)

@@ -5,7 +5,7 @@ from a blocking client: a Health call (the round trip and the server's handling 
 call), a Search of a 10-vector org (the round trip plus the Search path: decoding, the org
 lock, the hop to a request thread, the reply) and a Search of a 10k-vector org (--vectors),
 which is exact (a flat store). The same flat search is then timed in this process, on one
-BLAS thread as the shard's request threads run it. Each is timed in several rounds,
+thread as the shard's request threads run it. Each is timed in several rounds,
 alternated, and the median of the rounds' p50 is kept: on a shared 2-core machine one round
 can be twice another.
 
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from bench_index import DIM, Shard, progress, upsert_all
 
-from index_service.native import single_threaded_numpy_blas
+from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
 from index_service.stores import FlatStore
 from memory_proto import index_pb2
 
@@ -63,6 +63,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     query_rows = np.frombuffer(b"".join(queries), "<f4").reshape(len(queries), DIM)
     if not single_threaded_numpy_blas():
         raise SystemExit("could not set numpy's BLAS to one thread, as the shard does")
+    single_threaded_faiss()
     store = FlatStore(DIM)
     store.add(np.arange(len(vectors), dtype=np.int64), vectors)
 

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import httpx
 import httpx2
+import pytest
 import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -31,6 +32,11 @@ from embed_service.settings import EmbedSettings
 from index_service.main import IndexServer
 from index_service.main import start_server as start_index
 from index_service.settings import IndexSettings
+from index_service.stores import SCORE_TOLERANCE
+
+# A text's own vector scores cosine 1, within the tolerance of the shard's float16 codes; the
+# vector of any other text (an older version of a window, say) scores clearly less.
+COSINE_1 = pytest.approx(1.0, abs=SCORE_TOLERANCE)
 
 
 @dataclass

@@ -24,7 +24,15 @@ from api_service.settings import ApiSettings
 from embed_service.hashing import HashingEmbedder
 from index_service.routing import routing_epoch
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
-from tests.api.harness import McpCaller, Service, outbox_drained, running_service, say, serve
+from tests.api.harness import (
+    COSINE_1,
+    McpCaller,
+    Service,
+    outbox_drained,
+    running_service,
+    say,
+    serve,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -228,7 +236,7 @@ async def test_a_shard_restarted_once_an_append_answered_loads_its_vector(
                 release.set()
             finally:
                 await conn.close()
-    assert [r["score"] for r in found["results"]] == [1.0]
+    assert [r["score"] for r in found["results"]] == [COSINE_1]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from api_service.clients import EmbedClient, IndexRouter, Vectors
 from api_service.store import repository
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
-from tests.api.harness import Service, outbox_drained, running_service, say
+from tests.api.harness import COSINE_1, Service, outbox_drained, running_service, say
 
 
 async def _orphans(database_url: str) -> dict[str, int]:
@@ -128,7 +128,7 @@ async def test_patch_racing_appends_keeps_every_edit_window_and_vector(
         for row in rows:
             found = await mcp.ok("search", query=row["text"], conversation_id=cid, limit=1)
             top = found["results"][0]
-            assert (top["start_sequence"], top["score"]) == (row["start_sequence"], 1.0)
+            assert (top["start_sequence"], top["score"]) == (row["start_sequence"], COSINE_1)
 
 
 def slowed_embedding(
@@ -299,7 +299,7 @@ async def test_an_append_answers_once_searchable_and_its_job_closes_after(
                     cid,
                 )
                 found = await mcp.ok("search", query=text, conversation_id=cid, limit=1)
-                assert found["results"][0]["score"] == 1.0  # and in the shard
+                assert found["results"][0]["score"] == COSINE_1  # and in the shard
                 release.set()
                 await outbox_drained(database_url)
                 stored = await conn.fetchval(stored_vector, org_id, cid)
@@ -359,7 +359,7 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
             cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
             assert (await say(http, cid, "embedded ahead")).status_code == 200
             found = await mcp.ok("search", query="[user]: embedded ahead", limit=1)
-            assert found["results"][0]["score"] == 1.0
+            assert found["results"][0]["score"] == COSINE_1
             refused = await say(http, cid, "x" * 500)
             assert refused.status_code == 402, refused.text
     refused_text = "[user]: embedded ahead\n[user]: " + "x" * 500

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import pytest
 
 from index_service.org_index import SNAPSHOT_SLACK, OrgIndex
 from index_service.stores import (
-    IVF_SCORE_TOLERANCE,
     MIN_NPROBE,
+    MISSING,
     NPROBE_STEPS,
+    SCORE_TOLERANCE,
+    FlatStore,
+    VectorStore,
     build_ivf,
     calibration_queries,
     nlist_for,
@@ -92,10 +98,8 @@ def test_a_snapshot_holds_every_vector_whatever_its_room() -> None:
         assert np.unique(snapshot.labels).size == n + extra
         order = np.argsort(snapshot.labels)
         expected = np.vstack([vectors, more])  # labels are given in upsert order
-        if org.kind == "flat":
-            np.testing.assert_array_equal(snapshot.vectors[order], expected)
-        else:  # float16 codes: within one step of float16 (2**-14 for values under 2**-3)
-            np.testing.assert_allclose(snapshot.vectors[order], expected, rtol=2**-10, atol=2**-14)
+        # float16 codes: within one step of float16 (2**-14 for values under 2**-3)
+        np.testing.assert_allclose(snapshot.vectors[order], expected, rtol=2**-10, atol=2**-14)
         org.finish_rebuild(org.build(snapshot))
         assert org.size == n + extra
 
@@ -154,7 +158,7 @@ def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
     queries = clustered(100, seed=98)
     scores, _ = store.search(queries, 10, None)
     best = np.sort(queries @ vectors.T, axis=1)[:, -10:][:, ::-1]
-    assert ((scores >= best[:, -1:] - IVF_SCORE_TOLERANCE).sum() / scores.size) >= 0.95
+    assert ((scores >= best[:, -1:] - SCORE_TOLERANCE).sum() / scores.size) >= 0.95
 
 
 def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
@@ -180,19 +184,50 @@ def test_calibration_holds_the_target_for_each_kind_of_query() -> None:
     assert min(earlier) < target <= float(np.mean(earlier))
 
 
-def test_ivf_scores_from_float16_codes_are_close_to_exact() -> None:
-    """The IVF store keeps float16 codes (half the bytes a search reads): its scores stay
-    within IVF_SCORE_TOLERANCE of float32 inner products, and its vectors within a float16
-    step."""
+def _flat_store(labels: np.ndarray, vectors: np.ndarray) -> VectorStore:
+    store = FlatStore(vectors.shape[1])
+    store.add(labels, vectors)
+    return store
+
+
+def _ivf_store(labels: np.ndarray, vectors: np.ndarray) -> VectorStore:
+    return build_ivf(labels, vectors, target_recall=0.97)
+
+
+@pytest.mark.parametrize("build", [_flat_store, _ivf_store], ids=["flat", "ivf"])
+def test_scores_from_float16_codes_are_close_to_exact(
+    build: Callable[[np.ndarray, np.ndarray], VectorStore],
+) -> None:
+    """Both stores keep float16 codes (half the bytes a search reads): their scores stay
+    within SCORE_TOLERANCE of float32 inner products, and their vectors within a float16
+    step. The flat store finds the exact top 10, up to that tolerance."""
     vectors = clustered(3_000, seed=5)
     labels = np.arange(len(vectors), dtype=np.int64)
-    store = build_ivf(labels, vectors, target_recall=0.97)
+    store = build(labels, vectors)
     queries = clustered(50, seed=97)
     scores, found = store.search(queries, 10, None)
     exact = np.take_along_axis(queries @ vectors.T, found, axis=1)
-    assert np.abs(scores - exact).max() <= IVF_SCORE_TOLERANCE
+    assert np.abs(scores - exact).max() <= SCORE_TOLERANCE
     assert 0 < np.abs(store.reconstruct(labels) - vectors).max() <= 2**-14
     assert store.memory_bytes() < vectors.nbytes * 0.7
+    if store.kind == "flat":
+        kth_best = np.sort(queries @ vectors.T, axis=1)[:, -10:-9]
+        assert recall_by_score(scores, found, kth_best) == 1.0
+
+
+def test_flat_store_removes_and_filters_by_label() -> None:
+    """Removal takes the labels out, whatever their place in the list, and a search among a
+    subset scores only its labels."""
+    vectors = clustered(200, seed=11)
+    store = _flat_store(np.arange(100, 300, dtype=np.int64), vectors)
+    store.remove(np.array([100, 299, 150], dtype=np.int64))
+    assert store.ntotal == 197
+    _, found = store.search(vectors, 1, None)
+    assert set(found[[0, 199, 50], 0].tolist()).isdisjoint({100, 299, 150})
+    assert (found[1:50, 0] == np.arange(101, 150)).all()
+    _, found = store.search(vectors[:1], 5, np.array([120, 121], dtype=np.int64))
+    assert sorted(found[0, :2].tolist()) == [120, 121]
+    assert (found[0, 2:] == MISSING).all()
 
 
 def test_a_rebuild_catches_up_before_its_switch() -> None:

@@ -6,7 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
-from index_service.stores import IVF_SCORE_TOLERANCE
+from index_service.stores import SCORE_TOLERANCE
 from memory_proto import index_pb2
 from tests.index.helpers import DIM, clustered, hit_tuples, search_request, shard, upsert_request
 
@@ -90,7 +90,7 @@ async def test_nprobe_trades_recall_for_reading_fewer_lists(threshold: int) -> N
             request = search_request("org_p", query, 10)
             request.nprobe = nprobe
             scores = [h.score for h in (await stub.Search(request)).hits]
-            hits += sum(score >= kth - IVF_SCORE_TOLERANCE for score in scores)
+            hits += sum(score >= kth - SCORE_TOLERANCE for score in scores)
         return hits / (10 * len(queries))
 
     async with shard(flat_threshold=threshold) as (server, stub):
