@@ -380,7 +380,8 @@ class Indexer:
             if vectors is None:
                 vectors = await self._embed([c.text for c in pending])
             blobs = [vector.astype("<f4").tobytes() for vector in vectors]
-            await self._store_vectors(org_id, pending, blobs)
+            with timing.part("vectors"):
+                await self._store_vectors(org_id, pending, blobs)
             ready += [replace(c, embedding=b) for c, b in zip(pending, blobs, strict=True)]
         if ready:
             items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
@@ -396,26 +397,28 @@ class Indexer:
 
         The commit does not wait for the WAL to reach the disk: the job's close, a later
         commit, waits for this one's WAL with its own, and if the server fails before, the
-        job is still queued and is done again."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit = off")
-            await conn.execute(
-                """INSERT INTO chunk_vectors
-                          (org_id, conversation_id, start_sequence, version, embedding)
-                   SELECT c.org_id, c.conversation_id, c.start_sequence, c.version, v.embedding
-                     FROM unnest($2::text[], $3::int[], $4::bytea[])
-                          AS v(chunk_id, version, embedding)
-                     JOIN chunks c
-                       ON c.org_id = $1 AND c.chunk_id = v.chunk_id AND c.version = v.version
-                      FOR KEY SHARE OF c
-                   ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
-                      SET version = excluded.version, embedding = excluded.embedding
-                    WHERE chunk_vectors.version < excluded.version""",
-                org_id,
-                [c.chunk_id for c in chunks],
-                [c.version for c in chunks],
-                list(blobs),
-            )
+        job is still queued and is done again. One statement, its own transaction: the CTE
+        turns synchronous commit off for it (`set_config` with is_local), where BEGIN, SET
+        LOCAL, the insert and COMMIT took four round trips."""
+        await self._pool.execute(
+            """WITH async_commit AS (SELECT set_config('synchronous_commit', 'off', true))
+               INSERT INTO chunk_vectors
+                      (org_id, conversation_id, start_sequence, version, embedding)
+               SELECT c.org_id, c.conversation_id, c.start_sequence, c.version, v.embedding
+                 FROM unnest($2::text[], $3::int[], $4::bytea[])
+                      AS v(chunk_id, version, embedding)
+                 JOIN chunks c
+                   ON c.org_id = $1 AND c.chunk_id = v.chunk_id AND c.version = v.version
+                CROSS JOIN async_commit
+                  FOR KEY SHARE OF c
+               ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+                  SET version = excluded.version, embedding = excluded.embedding
+                WHERE chunk_vectors.version < excluded.version""",
+            org_id,
+            [c.chunk_id for c in chunks],
+            [c.version for c in chunks],
+            list(blobs),
+        )
 
     async def _finish(self, jobs: Sequence[Job]) -> None:
         """Remove the done jobs from the outbox. A delete that committed while an upsert job

@@ -2,7 +2,7 @@
 
 GuardMiddleware starts a record per request; the calls to the other services and the stages
 of a request add their time to it under a part's name (`auth`, `embed`, `index`, `write`,
-`embed_wait`, `lexical`, `rows`; the README says what each covers), and the header gives
+`embed_wait`, `vectors`, `lexical`, `rows`; the README says what each covers), and the header gives
 each part and the `total`, in milliseconds. A part that runs several times is summed; parts that
 run side by side overlap, so they need not add up to the total. Outside a request nothing is
 recorded.

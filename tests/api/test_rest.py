@@ -454,9 +454,10 @@ async def test_rest_responses_say_where_their_time_went(service: Service, key: s
         )
         assert r.status_code == 200, r.text
         append = timing.parse(r.headers["Server-Timing"])
-        assert set(append) == {"auth", "write", "embed", "embed_wait", "index", "total"}
-        # The transaction, then the rest of the embedding, then the upsert, one after the other.
-        after_commit = append["embed_wait"] + append["index"]
+        assert set(append) == {"auth", "write", "embed", "embed_wait", "vectors", "index", "total"}
+        # The transaction, then the rest of the embedding, then storing the vectors, then the
+        # upsert, one after the other.
+        after_commit = append["embed_wait"] + append["vectors"] + append["index"]
         assert 0 < append["auth"] + append["write"] + after_commit <= append["total"]
         # The wait after the commit is at most the embedding call, plus the decoding of its
         # reply that follows the call (well under 0.1 ms).

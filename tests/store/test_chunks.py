@@ -7,6 +7,8 @@ import inspect
 
 import asyncpg
 
+from api_service import indexer
+from api_service.clients import EmbedClient, IndexRouter
 from api_service.core.ids import chunk_id
 from api_service.store import admin
 from api_service.store import repository as repo
@@ -110,6 +112,45 @@ async def test_a_deleted_conversation_takes_its_vectors_along(database_url: str)
         assert await conn.fetchval(count, org_id) == 0
     finally:
         await conn.close()
+
+
+async def test_the_indexer_stores_a_vector_in_one_statement_that_does_not_wait_for_the_wal(
+    database_url: str,
+) -> None:
+    """The indexer stores vectors with synchronous commit off, turned off from inside its one
+    statement: its WAL is not flushed at the commit (the WAL writer does it, within 200 ms).
+    Another backend's commit can flush it first, so one store in five is enough to show it."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
+    )
+    lags = []
+    try:
+        async with pool.acquire() as conn:
+            org_id, chunk = await _org_with_window(conn, "async_commit", "one")
+        for version in range(1, 6):
+            if version > 1:  # a new version of the window, for the next vector
+                async with pool.acquire() as conn:
+                    await repo.upsert_chunks(
+                        conn,
+                        org_id,
+                        "conv_async_commit",
+                        [_window("conv_async_commit", str(version))],
+                        FREE,
+                    )
+            blob = bytes([version]) * 3072
+            stored = indexer._Chunk(chunk, "conv_async_commit", version, "", None)
+            await worker._store_vectors(org_id, [stored], [blob])
+            lags.append(
+                await pool.fetchval(
+                    "SELECT pg_current_wal_insert_lsn() > pg_current_wal_flush_lsn()"
+                )
+            )
+            assert tuple(await pool.fetchrow(CURRENT_VECTOR, org_id, chunk)) == (version, blob)
+    finally:
+        await pool.close()
+    assert any(lags)
 
 
 async def test_a_vector_is_stored_as_it_is_in_its_row(database_url: str) -> None:
