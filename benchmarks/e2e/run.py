@@ -14,8 +14,8 @@ it measures:
   (benchmarks/e2e/cpu.py);
 - append: latency p50/p99 of one-message appends, one client (searchable on return), as the
   client sees it and as the service's own time with the embedding taken out (`own`, below),
-  with three of its parts: `write` (the transaction), `embed_wait` and `index` (the shard's
-  upsert);
+  with four of its parts: `write` (the transaction), `embed_wait`, `vectors` (storing them)
+  and `index` (the shard's upsert);
 - search: REST (hybrid: vectors fused with PostgreSQL full text) and MCP (vectors only)
   latency p50/p99 over LongMemEval questions, one client, org-wide, limit 10; REST also as
   the service's Server-Timing total (`server`, query embedding included) and as its `own`
@@ -93,7 +93,7 @@ GROWTH_CLIENTS = 4
 GROWTH_BATCH = 50
 K = 10
 # Server-Timing parts of an append the benchmark reports on their own, for where its time goes.
-APPEND_PARTS = ("write", "embed_wait", "index")
+APPEND_PARTS = ("write", "embed_wait", "vectors", "index")
 # nprobe values the shard's vector search is also timed at (IVF only), for recall against
 # latency beside the alternatives' ef_search values.
 SHARD_NPROBES = (8, 16, 32, 64, 128, 256, 512)
