@@ -135,6 +135,11 @@ class TransformerEmbedder:
         """The underlying MPNetModel (read-only use: FLOP counts, benchmarks)."""
         return self._model
 
+    @property
+    def pad_id(self) -> int:
+        """The token id that pads a batch's shorter texts (masked out of attention)."""
+        return self._pad_id
+
     def tokenize(self, texts: Sequence[str]) -> list[TokenIds]:
         """Token ids with <s> and </s>, truncated to 384 tokens; thread-safe."""
         prefixes = [_word_prefix(t) if self._cuts_at_whitespace else None for t in texts]

@@ -16,12 +16,21 @@ import torch
 from torch.nn import functional
 
 
-def encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Last hidden states of an `MPNetModel` for a padded batch, in the model's dtype."""
+def encode(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Last hidden states of an `MPNetModel` for a padded batch, in the model's dtype.
+
+    `position_bias`: the relative position bias of this length (`position_bias_for`), made
+    beforehand where the forward runs inside a CUDA graph, which cannot make it: some
+    transformers releases build it on the CPU."""
     hidden = model.embeddings(input_ids=input_ids)
     encoder = model.encoder
     # Bias depends only on positions: compute it for one row and let the addition broadcast.
-    bias = encoder.compute_position_bias(hidden[:1])
+    bias = position_bias if position_bias is not None else position_bias_for(model, hidden[:1])
     blocked = (attention_mask[:, None, None, :] == 0).to(hidden.dtype) * torch.finfo(
         hidden.dtype
     ).min
@@ -41,3 +50,9 @@ def encode(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) ->
         attended = layer.attention.LayerNorm(attn.o(context) + hidden)
         hidden = layer.output(layer.intermediate(attended), attended)
     return hidden  # type: ignore[no-any-return]
+
+
+def position_bias_for(model: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """The relative position bias for rows of `hidden`'s length, (1, heads, length, length)."""
+    bias: torch.Tensor = model.encoder.compute_position_bias(hidden)
+    return bias

@@ -76,8 +76,13 @@ def test_fused_attention_matches_transformers(real_model: TransformerEmbedder) -
     with torch.inference_mode():
         eager = real_model.model(input_ids=input_ids, attention_mask=mask).last_hidden_state
         fused = mpnet_sdpa.encode(real_model.model, input_ids, mask)
+        # The bias made beforehand, as a CUDA graph's capture needs it, changes nothing.
+        hidden = real_model.model.embeddings(input_ids=input_ids)
+        bias = mpnet_sdpa.position_bias_for(real_model.model, hidden[:1])
+        given = mpnet_sdpa.encode(real_model.model, input_ids, mask, bias)
     real = mask.unsqueeze(-1).bool().expand_as(eager)
     torch.testing.assert_close(fused[real], eager[real], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(given, fused, atol=0, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
