@@ -179,14 +179,16 @@ class TransformerEmbedder:
                 hidden = self._model(
                     input_ids=input_ids, attention_mask=attention
                 ).last_hidden_state
-            weights = attention.unsqueeze(-1).to(torch.float32)
-            # Pool in fp32: summing up to 384 bf16 rows loses precision otherwise.
-            pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1).clamp(
-                min=1.0
-            )
-            vectors = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
-            result: Vectors = vectors.cpu().numpy()
+            result: Vectors = pooled_unit_vectors(hidden, attention).cpu().numpy()
             return result
+
+
+def pooled_unit_vectors(hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """Mean of each row's hidden states over its real tokens, L2-normalized, in fp32."""
+    weights = attention.unsqueeze(-1).to(torch.float32)
+    # Pool in fp32: summing up to 384 bf16 rows loses precision otherwise.
+    pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
 
 
 def _word_prefix(text: str) -> str | None:

@@ -17,9 +17,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
-import json
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -28,14 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from first_calls import question_tokens, save, setup
 
 from embed_service import mpnet_sdpa
-from embed_service.assembly import ensure_model_folder
-from embed_service.model import TransformerEmbedder
+from embed_service.model import TransformerEmbedder, pooled_unit_vectors
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-QUESTIONS = REPO.parent / "shared" / "data" / "longmemeval" / "s150.questions.jsonl"
 BUCKETS = (16, 32, 48, 64, 96, 128)
 
 
@@ -55,9 +49,7 @@ class GraphedQuestion:
 
         def run() -> torch.Tensor:
             hidden = mpnet_sdpa.encode(model.model, self.ids, self.mask, bias)
-            weights = self.mask.unsqueeze(-1).to(torch.float32)
-            pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1)
-            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return pooled_unit_vectors(hidden, self.mask)
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -90,39 +82,17 @@ def summary(ms: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("Usage:")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--machine", required=True, help="names the result files")
-    parser.add_argument("--model-dir", type=Path, help="a ready model folder")
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument(
-        "--device", choices=["cuda", "cpu"], default="cuda", help="cpu only checks the script"
-    )
-    args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("needs a CUDA device (--device cpu only checks the script)")
-    folder = args.model_dir or ensure_model_folder(REPO / "var" / "models")
-    model = TransformerEmbedder(folder, device=args.device)
-    lines = args.questions.read_text().splitlines()
-    tokens = [model.tokenize([json.loads(line)["question"]])[0] for line in lines]
+    args, model, results = setup(__doc__)
+    tokens = question_tokens(args, model)
     tokens = [t for t in tokens if len(t) <= BUCKETS[-1]]
     for ids in tokens:  # every length once: the timings below are warm
         model.embed([ids])
     eager = [timed(lambda ids=ids: model.embed([ids])) for ids in tokens]
     eager_ms = [ms for ms, _ in eager]
     eager_vectors = [vector for _, vector in eager]
-    results: dict[str, Any] = {
-        "machine": args.machine,
-        "device": args.device,
-        "torch": torch.__version__,
-        "questions": len(tokens),
-        "tokens_max": max(len(t) for t in tokens),
-        "eager": summary(eager_ms),
-    }
+    results.update(
+        questions=len(tokens), tokens_max=max(len(t) for t in tokens), eager=summary(eager_ms)
+    )
     print(f"eager embed(), one question: {results['eager']}")
     if args.device == "cuda":
         graphs, capture_ms = {}, {}
@@ -145,11 +115,7 @@ def main() -> None:
         )
         print(f"graph replay, one question: {results['graph']}; capture {capture_ms} ms")
         print(f"cosine of the replayed vectors to the eager ones: min {min(cosines):.6f}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"cuda-graphs-{re.sub(r'[^a-z0-9]+', '-', args.machine.lower()).strip('-')}"
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, stem.with_suffix(".png"))
-    print(f"wrote {stem}.json and .png")
+    save(results, args, "cuda-graphs", plot)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -34,6 +34,7 @@ import torch
 
 from embed_service import mpnet_sdpa
 from embed_service.assembly import ensure_model_folder
+from embed_service.embedder import TokenIds
 from embed_service.model import TransformerEmbedder
 
 HERE = Path(__file__).resolve().parent
@@ -72,10 +73,12 @@ def new_shapes(
     return out
 
 
-def main() -> None:
+def setup(doc: str) -> tuple[argparse.Namespace, TransformerEmbedder, dict[str, Any]]:
+    """The arguments this script and cuda_graphs.py take (`doc`: the script's docstring), the
+    model loaded on the device asked for, and the results' opening fields."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("Usage:")[1],
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--machine", required=True, help="names the result files")
@@ -90,11 +93,32 @@ def main() -> None:
         parser.error("needs a CUDA device (--device cpu only checks the script)")
     folder = args.model_dir or ensure_model_folder(REPO / "var" / "models")
     model = TransformerEmbedder(folder, device=args.device)  # on cuda: cuDNN's attention off
-    results: dict[str, Any] = {
-        "machine": args.machine,
-        "device": args.device,
-        "torch": torch.__version__,
-    }
+    results = {"machine": args.machine, "device": args.device, "torch": torch.__version__}
+    return args, model, results
+
+
+def question_tokens(args: argparse.Namespace, model: TransformerEmbedder) -> list[TokenIds]:
+    """Each LongMemEval question's token ids, in file order."""
+    lines = args.questions.read_text().splitlines()
+    return [model.tokenize([json.loads(line)["question"]])[0] for line in lines]
+
+
+def save(
+    results: dict[str, Any],
+    args: argparse.Namespace,
+    name: str,
+    draw: Callable[[dict[str, Any], Path], None],
+) -> None:
+    """results/<name>-<machine>.json, and the plot `draw` makes of them beside it."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{name}-{re.sub(r'[^a-z0-9]+', '-', args.machine.lower()).strip('-')}"
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    draw(results, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json and .png")
+
+
+def main() -> None:
+    args, model, results = setup(__doc__)
     forward(model, 1, 8)  # the process's first call: CUDA's own start-up, not a shape's
     lengths, rows, row_length = range(100, 116), range(2, 13), 48
     results.update(lengths=list(lengths), rows=list(rows), row_length=row_length)
@@ -107,8 +131,7 @@ def main() -> None:
         print(f"{name}: first call of a new shape p50 {statistics.median(first):.1f} ms")
     torch.backends.cuda.enable_cudnn_sdp(False)
 
-    questions = [json.loads(line)["question"] for line in args.questions.read_text().splitlines()]
-    tokens = [model.tokenize([q])[0] for q in questions[:200]]
+    tokens = question_tokens(args, model)[:200]
     times = [ms(model.embed, [t]) for t in tokens]
     results["embed_one_question_ms"] = {
         "p50": statistics.median(times),
@@ -117,11 +140,7 @@ def main() -> None:
     }
     print(f"embed() of one question, cold lengths included: {results['embed_one_question_ms']}")
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"first-calls-{re.sub(r'[^a-z0-9]+', '-', args.machine.lower()).strip('-')}"
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, stem.with_suffix(".png"))
-    print(f"wrote {stem}.json and .png")
+    save(results, args, "first-calls", plot)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
