@@ -26,7 +26,7 @@ from api_service.core.redaction import Redactor
 from api_service.settings import Limits
 from api_service.store import admin, lexical
 from api_service.store import repository as repo
-from api_service.store.db import Conn
+from api_service.store.db import Conn, write_transaction
 from api_service.store.records import Charge, ChunkRow, NewMessage, QueuedChunks
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class MemoryService:
             async with (
                 self._embedding_ahead() as ahead,
                 self._pool.acquire() as conn,
-                conn.transaction(),
+                write_transaction(conn),
             ):
                 if conversation_id is None:
                     default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
@@ -166,7 +166,7 @@ class MemoryService:
         async with (
             self._embedding_ahead() as ahead,
             self._pool.acquire() as conn,
-            conn.transaction(),
+            write_transaction(conn),
         ):
             count = await repo.lock_conversation(conn, who.org_id, conversation_id)
             if count is None:

@@ -6,12 +6,14 @@ import asyncio
 import inspect
 
 import asyncpg
+import pytest
 
 from api_service import indexer
 from api_service.clients import EmbedClient, IndexRouter
 from api_service.core.ids import chunk_id
 from api_service.store import admin
 from api_service.store import repository as repo
+from api_service.store.db import write_transaction
 from api_service.store.records import Charge, ChunkRow
 
 FREE = Charge(storage_bytes=0, conversations=0, max_storage_bytes=0, max_conversations=0)
@@ -301,3 +303,56 @@ async def test_conversation_text_is_compressed_with_lz4_where_the_server_has_it(
     assert methods[("chunks", "text_search")] == ""  # the server's default: pglz
     expected = "lz4" if lz4 else "pglz"
     assert (used["chunk"], used["message"]) == (expected, expected)
+
+
+WINDOW_UPSERT_PLANS = """
+SELECT generic_plans, custom_plans FROM pg_prepared_statements
+ WHERE statement LIKE 'WITH written AS%'"""
+
+
+async def test_a_write_transaction_plans_the_window_upsert_once(database_url: str) -> None:
+    """In a plain transaction PostgreSQL makes a custom plan for the window upsert at every
+    call; in a write transaction the statement runs on its generic plan."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        org_id, _ = await _org_with_window(conn, "plans", "v1")
+        for version in range(2, 10):
+            async with conn.transaction():
+                await repo.upsert_chunks(
+                    conn, org_id, "conv_plans", [_window("conv_plans", f"v{version}")], FREE
+                )
+        assert tuple(await conn.fetchrow(WINDOW_UPSERT_PLANS)) == (0, 9)
+        for version in range(10, 18):
+            async with write_transaction(conn):
+                await repo.upsert_chunks(
+                    conn, org_id, "conv_plans", [_window("conv_plans", f"v{version}")], FREE
+                )
+        assert tuple(await conn.fetchrow(WINDOW_UPSERT_PLANS)) == (8, 9)
+        # The setting ends with the transaction.
+        assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+    finally:
+        await conn.close()
+
+
+async def test_a_write_transaction_commits_what_completes_and_rolls_back_what_raises(
+    database_url: str,
+) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        org_id, _ = await _org_with_window(conn, "rollback", "kept")
+        with pytest.raises(RuntimeError):
+            async with write_transaction(conn):
+                await repo.upsert_chunks(
+                    conn, org_id, "conv_rollback", [_window("conv_rollback", "lost")], FREE
+                )
+                raise RuntimeError("the write fails")
+        assert not conn.is_in_transaction()
+        text = "SELECT text FROM chunks WHERE org_id = $1"
+        assert await conn.fetchval(text, org_id) == "kept"
+        async with write_transaction(conn):
+            await repo.upsert_chunks(
+                conn, org_id, "conv_rollback", [_window("conv_rollback", "new")], FREE
+            )
+        assert await conn.fetchval(text, org_id) == "new"
+    finally:
+        await conn.close()
