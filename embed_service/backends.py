@@ -20,13 +20,17 @@ def load_embedder(settings: EmbedSettings) -> Embedder:
     if settings.backend == "hashing":
         return HashingEmbedder()
     from embed_service.assembly import ensure_model_folder  # torch loads only when needed
-    from embed_service.model import TransformerEmbedder, pick_device
+    from embed_service.model import TransformerEmbedder, pick_device, pick_dtype
 
     folder = settings.model_dir or ensure_model_folder(settings.model_cache_dir)
     device = pick_device(settings.device)
     fused = {"auto": None, "on": True, "off": False}[settings.fused_attention]
     embedder = TransformerEmbedder(
-        folder, device=device, threads=settings.torch_threads, fused_attention=fused
+        folder,
+        device=device,
+        threads=settings.torch_threads,
+        fused_attention=fused,
+        dtype=pick_dtype(settings.dtype, device),
     )
     # One small batch first, so that the first caller does not pay for lazy initialization.
     embedder.embed(embedder.tokenize(["warm-up"]))

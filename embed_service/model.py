@@ -57,6 +57,28 @@ def pick_device(requested: str) -> str:
     return requested
 
 
+def native_cpu_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX); elsewhere
+    PyTorch emulates it, slower than float32."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
+
+
+def pick_dtype(requested: str, device: str) -> torch.dtype:
+    """The compute dtype: as asked, or for 'auto' bfloat16 on CUDA (float16 where it lacks
+    bfloat16) and on CPUs with bfloat16 in hardware, float32 on other CPUs.
+
+    On a 2-core AMD EPYC (Zen 5) bfloat16 embedded a question 3.4x and a 5-message window
+    3.6x as fast as float32, with vectors at cosine 0.99994 or more to float32's: the
+    precision CUDA has always run in."""
+    if requested == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if native_cpu_bfloat16() else torch.float32
+    dtype: torch.dtype = getattr(torch, requested)
+    return dtype
+
+
 class TransformerEmbedder:
     """The sentence-transformers recipe of all-mpnet-base-v2 on plain transformers."""
 
@@ -66,11 +88,13 @@ class TransformerEmbedder:
         device: str = "cpu",
         threads: int | None = None,
         fused_attention: bool | None = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
         """Load tokenizer and weights from `folder`; never contacts a model hub.
 
-        `fused_attention` (default: on for CUDA, off for the CPU) runs the encoder through
-        `mpnet_sdpa` instead of transformers' eager attention.
+        `dtype` defaults to `pick_dtype("auto", device)`. `fused_attention` (default: on in
+        bfloat16 and float16, off in float32) runs the encoder through `mpnet_sdpa` instead of
+        transformers' eager attention.
         """
         from transformers import AutoModel  # imported here: it is slow and only this needs it
 
@@ -78,9 +102,7 @@ class TransformerEmbedder:
         self._device = torch.device(device)
         if device == "cpu":
             torch.set_num_threads(threads or _usable_cores())
-            dtype = torch.float32
-        else:
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        dtype = dtype or pick_dtype("auto", device)
         self._dtype = dtype
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
@@ -94,7 +116,8 @@ class TransformerEmbedder:
         self._pad_id = 1 if pad_id is None else pad_id
         model: Any = AutoModel.from_pretrained(folder, local_files_only=True, dtype=dtype)
         self._model: torch.nn.Module = model.to(self._device).eval()
-        self._fused = device == "cuda" if fused_attention is None else fused_attention
+        fused_by_default = dtype != torch.float32
+        self._fused = fused_by_default if fused_attention is None else fused_attention
         if device == "cuda":
             # cuDNN's attention builds a plan at the first call of each (batch, length) shape,
             # in each thread: 55-140 ms each on an H200, against 5-10 ms for the first call of

@@ -35,10 +35,15 @@ class EmbedSettings(BaseSettings):
         "e.g. one baked into an image",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="compute dtype; auto: bfloat16 on cuda (float16 where it lacks bfloat16) "
+        "and on CPUs with bfloat16 in hardware (AVX512-BF16, AMX), float32 on other CPUs",
+    )
     fused_attention: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="fused (SDPA) attention instead of transformers' eager one; "
-        "auto: on for cuda, off for cpu",
+        "auto: on in bfloat16 and float16, off in float32",
     )
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads for the model; default: all cores"

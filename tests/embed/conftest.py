@@ -15,10 +15,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def model_settings() -> EmbedSettings:
-    """Settings of the real model on the CPU; the assembled folder is cached under var/."""
+    """Settings of the real model on the CPU in float32, the reference precision, whatever the
+    CPU; the assembled folder is cached under var/."""
     return EmbedSettings(
         backend="transformer",
         device="cpu",
+        dtype="float32",
         model_cache_dir=REPO_ROOT / "var" / "models",
         port=0,
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from embed_service.assembly import WEIGHTS_SHA256
-from embed_service.model import MAX_TOKENS, TransformerEmbedder
+from embed_service.model import MAX_TOKENS, TransformerEmbedder, pick_dtype
 
 pytestmark = pytest.mark.model
 
@@ -131,3 +131,41 @@ def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEm
     ]
     expected = [e.ids for e in reference.encode_batch([t[:_CLIP_CHARS] for t in texts])]
     assert [list(ids) for ids in real_model.tokenize(texts)] == expected
+
+
+def test_bfloat16_on_the_cpu_stays_close_to_float32(real_model: TransformerEmbedder) -> None:
+    """bfloat16, which `auto` picks on CPUs that multiply it in hardware (and PyTorch emulates
+    elsewhere), with fused attention, gives float32's vectors to cosine 0.9999, the same in
+    any batch, and keeps their meaning."""
+    from embed_service.assembly import ensure_model_folder
+    from tests.embed.conftest import REPO_ROOT
+
+    bf16 = TransformerEmbedder(
+        ensure_model_folder(REPO_ROOT / "var" / "models"), "cpu", dtype=torch.bfloat16
+    )
+    assert bf16.dtype == torch.bfloat16 and bf16._fused
+    texts = [
+        "How do I reset my password?",
+        "What are the steps to change my login password?",
+        "The recipe needs two cups of flour and an egg.",
+        "[user]: I moved to Lisbon last spring.\n[assistant]: How do you like it? " * 8,
+    ]
+    vectors = _embed(bf16, texts)
+    assert vectors.dtype == np.float32
+    assert (vectors * _embed(real_model, texts)).sum(axis=1).min() > 0.9999
+    anchor, paraphrase, unrelated, _ = vectors
+    assert anchor @ paraphrase > anchor @ unrelated + 0.3
+    alone = _embed(bf16, texts[3:])[0]
+    with_neighbours = _embed(bf16, ["hi", texts[3], "word " * 300])[1]
+    assert alone @ with_neighbours > 0.9999
+
+
+def test_auto_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    from embed_service import model
+
+    monkeypatch.setattr(model, "native_cpu_bfloat16", lambda: True)
+    assert pick_dtype("auto", "cpu") == torch.bfloat16
+    monkeypatch.setattr(model, "native_cpu_bfloat16", lambda: False)
+    assert pick_dtype("auto", "cpu") == torch.float32
+    assert pick_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert pick_dtype("float32", "cuda") == torch.float32
