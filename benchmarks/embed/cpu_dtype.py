@@ -16,7 +16,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import statistics
@@ -26,13 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from first_calls import QUESTIONS, REPO, question_tokens, save
+from first_calls import QUESTIONS, REPO, arguments, question_tokens, save
 
 from api_service.core.chunking import window_texts
 from embed_service.assembly import ensure_model_folder
 from embed_service.model import TransformerEmbedder, native_cpu_bfloat16
 
-HERE = Path(__file__).resolve().parent
 CONVERSATIONS = QUESTIONS.parent / "oracle.conversations.jsonl.gz"
 BATCH = 8  # the CPU's batch_max_texts is 16; 8 windows of 384 tokens fill its token budget
 VARIANTS = [
@@ -112,19 +110,10 @@ def draw(results: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    # The whole docstring: what is timed, and where bfloat16 pays.
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("Usage:")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--machine", required=True, help="names the result files")
-    parser.add_argument("--model-dir", type=Path, help="a ready model folder")
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser = arguments(__doc__)
     parser.add_argument("--conversations", type=Path, default=CONVERSATIONS)
     parser.add_argument("--count", type=int, default=100, help="questions timed")
     parser.add_argument("--windows", type=int, default=48, help="windows embedded")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     folder = args.model_dir or ensure_model_folder(REPO / "var" / "models")
     texts = windows(args.conversations, args.windows)

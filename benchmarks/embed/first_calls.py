@@ -73,9 +73,9 @@ def new_shapes(
     return out
 
 
-def setup(doc: str) -> tuple[argparse.Namespace, TransformerEmbedder, dict[str, Any]]:
-    """The arguments this script and cuda_graphs.py take (`doc`: the script's docstring), the
-    model loaded on the device asked for, and the results' opening fields."""
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The arguments every model benchmark here takes; its help is the script's docstring
+    (`doc`): the first paragraph, then what follows "Usage:"."""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0],
         epilog=doc.split("Usage:")[1],
@@ -85,6 +85,13 @@ def setup(doc: str) -> tuple[argparse.Namespace, TransformerEmbedder, dict[str, 
     parser.add_argument("--model-dir", type=Path, help="a ready model folder")
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    return parser
+
+
+def setup(doc: str) -> tuple[argparse.Namespace, TransformerEmbedder, dict[str, Any]]:
+    """The arguments this script and cuda_graphs.py take (`doc`: the script's docstring), the
+    model loaded on the device asked for, and the results' opening fields."""
+    parser = arguments(doc)
     parser.add_argument(
         "--device", choices=["cuda", "cpu"], default="cuda", help="cpu only checks the script"
     )
