@@ -68,9 +68,9 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
     """The compute dtype: as asked, or for 'auto' bfloat16 on CUDA (float16 where it lacks
     bfloat16) and on CPUs with bfloat16 in hardware, float32 on other CPUs.
 
-    On a 2-core AMD EPYC (Zen 5) bfloat16 embedded a question 3.4x and a 5-message window
-    3.6x as fast as float32, with vectors at cosine 0.99994 or more to float32's: the
-    precision CUDA has always run in."""
+    On a 2-core AMD EPYC (Zen 5) bfloat16 with fused attention embedded a question 3.3x and a
+    5-message window 3.8x as fast as float32, with vectors at cosine 0.99993 or more to
+    float32's (benchmarks/embed/cpu_dtype.py): the precision CUDA has always run in."""
     if requested == "auto":
         if device == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -102,7 +102,8 @@ class TransformerEmbedder:
         self._device = torch.device(device)
         if device == "cpu":
             torch.set_num_threads(threads or _usable_cores())
-        dtype = dtype or pick_dtype("auto", device)
+        if dtype is None:
+            dtype = pick_dtype("auto", device)
         self._dtype = dtype
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()
