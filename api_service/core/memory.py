@@ -129,16 +129,20 @@ class MemoryService:
                     )
                     if created:
                         new_conversations, added_bytes = 1, added_bytes + default_size
-                count = await repo.reserve_sequences(
-                    conn, who.org_id, conversation_id, len(items), added_bytes
+                appended = await repo.append_messages(
+                    conn,
+                    who.org_id,
+                    conversation_id,
+                    message_ids,
+                    items,
+                    added_bytes,
+                    lines_before=chunking.WINDOW - 1,  # every window the first one joins
                 )
-                if count is None:
+                if appended is None:
                     raise conversation_not_found()
+                count, lines = appended
                 first = count - len(items) + 1
                 starts = chunking.window_starts_touching(first, count, count)
-                lines = await repo.insert_messages(
-                    conn, who.org_id, conversation_id, first, message_ids, items, starts[0]
-                )
                 lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
                 charge = _plan_charge(
                     who, storage_bytes=added_bytes, conversations=new_conversations

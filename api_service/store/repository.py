@@ -157,63 +157,90 @@ async def charge_org(conn: Conn, org_id: str, charge: Charge) -> bool:
     return done is not None
 
 
-async def reserve_sequences(
-    conn: Conn, org_id: str, conversation_id: str, count: int, storage_bytes: int
-) -> int | None:
-    """Take the conversation's row lock and `count` sequence numbers; return the new count.
+# Reserves $3 sequences of a conversation and adds $4 bytes to its size, under its row lock.
+_RESERVE = """
+    UPDATE conversations
+       SET message_count = message_count + $3, storage_bytes = storage_bytes + $4,
+           updated_at = now()
+     WHERE org_id = $1 AND conversation_id = $2"""
 
-    Concurrent appends to one conversation queue on the row lock, so sequences stay gapless.
-    """
-    new_count: int | None = await conn.fetchval(
-        """UPDATE conversations
-              SET message_count = message_count + $3,
-                  storage_bytes = storage_bytes + $4,
-                  updated_at = now()
-            WHERE org_id = $1 AND conversation_id = $2
-        RETURNING message_count""",
-        org_id,
-        conversation_id,
-        count,
-        storage_bytes,
-    )
-    return new_count
+# Inserts the messages of $5-$10 (unnest's arrays) from sequence {first}, for each of {rows}.
+_INSERT_MESSAGES = """
+    INSERT INTO messages (org_id, conversation_id, sequence, message_id, role, content,
+                          tool_call_id, tool_name, metadata)
+    SELECT $1, $2, {first} + m.i - 1, m.message_id, m.role, m.content, m.tool_call_id,
+           m.tool_name, m.metadata::jsonb
+      FROM {rows}unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
+           WITH ORDINALITY AS m(message_id, role, content, tool_call_id, tool_name, metadata, i)"""
+
+# The whole append, if the conversation's row is still the version this statement sees
+# (xmin: the transaction that wrote it); else it changes nothing and returns no row. Then the
+# $11 lines before the new messages, as that version saw them.
+_APPEND_IF_UNCHANGED = f"""
+    WITH seen AS (SELECT xmin FROM conversations WHERE org_id = $1 AND conversation_id = $2),
+    reserved AS ({_RESERVE} AND xmin = (SELECT xmin FROM seen)
+              RETURNING message_count - $3 + 1 AS first),
+    inserted AS ({_INSERT_MESSAGES.format(first="r.first", rows="reserved r, ")})
+    SELECT r.first + $3 - 1 AS count, m.sequence, m.role, m.content
+      FROM reserved r LEFT JOIN messages m
+        ON m.org_id = $1 AND m.conversation_id = $2
+       AND m.sequence >= r.first - $11 AND m.sequence < r.first"""
+
+# The messages from sequence $3 on, once _RESERVE took the lock; then the $4 lines before.
+_INSERT_AND_READ = f"""
+    WITH inserted AS ({_INSERT_MESSAGES.format(first="$3::integer", rows="")})
+    SELECT sequence, role, content FROM messages
+     WHERE org_id = $1 AND conversation_id = $2
+       AND sequence >= $3 - $4::integer AND sequence < $3"""
 
 
-async def insert_messages(
+async def append_messages(
     conn: Conn,
     org_id: str,
     conversation_id: str,
-    first_sequence: int,
     message_ids: Sequence[str],
     messages: Sequence[NewMessage],
-    lines_from: int,
-) -> dict[int, tuple[str, str]]:
-    """Insert the messages from `first_sequence` on; in the same statement, read the lines
-    (sequence -> (role, content)) of the stored messages from `lines_from` up to them, which
-    the windows they join also hold."""
+    storage_bytes: int,
+    lines_before: int,
+) -> tuple[int, dict[int, tuple[str, str]]] | None:
+    """Give the messages the conversation's next sequences and insert them, under its row
+    lock (concurrent appends queue on it, so sequences stay gapless). Returns the new message
+    count and the lines (sequence -> (role, content)) of up to `lines_before` stored messages
+    before them, which the windows they join also hold; None if there is no such conversation.
+
+    One statement when no other writer changed the conversation since the statement began,
+    which is the rule. Otherwise (the statement waited for the lock) its view of the earlier
+    lines may be stale: it gives up, and the append takes two statements, the second of which
+    reads after the lock. Every writer of a conversation's messages updates its row in the
+    same transaction, so the row's version tells."""
+    values = _message_values(message_ids, messages)
+    n = len(messages)
     rows = await conn.fetch(
-        """WITH inserted AS (
-               INSERT INTO messages (org_id, conversation_id, sequence, message_id, role,
-                                     content, tool_call_id, tool_name, metadata)
-               SELECT $1, $2, $3 + i - 1, m.message_id, m.role, m.content, m.tool_call_id,
-                      m.tool_name, m.metadata::jsonb
-                 FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-                             $9::text[]) WITH ORDINALITY
-                      AS m(message_id, role, content, tool_call_id, tool_name, metadata, i))
-           SELECT sequence, role, content FROM messages
-            WHERE org_id = $1 AND conversation_id = $2 AND sequence >= $10 AND sequence < $3""",
-        org_id,
-        conversation_id,
-        first_sequence,
+        _APPEND_IF_UNCHANGED, org_id, conversation_id, n, storage_bytes, *values, lines_before
+    )
+    if rows:
+        lines = {r["sequence"]: (r["role"], r["content"]) for r in rows if r["sequence"]}
+        return rows[0]["count"], lines
+    count: int | None = await conn.fetchval(
+        _RESERVE + " RETURNING message_count", org_id, conversation_id, n, storage_bytes
+    )
+    if count is None:
+        return None
+    first = count - n + 1
+    rows = await conn.fetch(_INSERT_AND_READ, org_id, conversation_id, first, lines_before, *values)
+    return count, {r["sequence"]: (r["role"], r["content"]) for r in rows}
+
+
+def _message_values(message_ids: Sequence[str], messages: Sequence[NewMessage]) -> list[Any]:
+    """The arrays _INSERT_MESSAGES unnests."""
+    return [
         list(message_ids),
         [m.role for m in messages],
         [m.content for m in messages],
         [m.tool_call_id for m in messages],
         [m.tool_name for m in messages],
         [None if m.metadata is None else json.dumps(m.metadata) for m in messages],
-        lines_from,
-    )
-    return {r["sequence"]: (r["role"], r["content"]) for r in rows}
+    ]
 
 
 async def get_messages(

@@ -1,0 +1,158 @@
+"""Appending messages on the real PostgreSQL: one statement as a rule, and the lines the
+windows need read after the lock when another writer changed the conversation meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from api_service.store import admin
+from api_service.store import repository as repo
+from api_service.store.records import NewMessage
+
+LINES_BEFORE = 4
+
+
+class Writer:
+    """A connection that appends in transactions of its own and counts its statements."""
+
+    def __init__(self, conn: asyncpg.Connection, org_id: str, conversation_id: str) -> None:
+        self.conn = conn
+        self.org_id = org_id
+        self.conversation_id = conversation_id
+        self.queries: list[str] = []
+        conn.add_query_logger(lambda record: self.queries.append(record.query))
+
+    @property
+    def statements(self) -> int:
+        """Statements of the last append, its transaction's BEGIN and COMMIT left out."""
+        return sum(q not in ("BEGIN;", "COMMIT;") for q in self.queries)
+
+    async def append(
+        self, *contents: str, conversation_id: str | None = None
+    ) -> tuple[int, dict[int, tuple[str, str]]] | None:
+        """Append user messages in a transaction; the statements it took are in `statements`."""
+        self.queries.clear()
+        async with self.conn.transaction():
+            return await repo.append_messages(
+                self.conn,
+                self.org_id,
+                conversation_id or self.conversation_id,
+                [f"msg_{self.conversation_id}_{c}" for c in contents],
+                [NewMessage("user", c) for c in contents],
+                sum(len(c) for c in contents),
+                LINES_BEFORE,
+            )
+
+
+@pytest.fixture
+async def writers(database_url: str) -> AsyncIterator[tuple[Writer, Writer]]:
+    """Two writers on one conversation that holds messages "1" to "6"."""
+    first = await asyncpg.connect(database_url)
+    second = await asyncpg.connect(database_url)
+    try:
+        org = await admin.create_org(first, "org_appends", "appends", None)
+        await first.execute(
+            "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, 'conv_a')",
+            org.org_id,
+        )
+        ours, theirs = Writer(first, org.org_id, "conv_a"), Writer(second, org.org_id, "conv_a")
+        assert await ours.append(*"123456") == (6, {})
+        yield ours, theirs
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _waits_for_a_lock(observer: asyncpg.Connection, pid: int) -> None:
+    for _ in range(500):
+        waiting = await observer.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        )
+        if waiting:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the append never waited for the row lock")
+
+
+async def test_an_append_takes_one_statement_and_reads_the_lines_its_windows_need(
+    writers: tuple[Writer, Writer],
+) -> None:
+    ours, _ = writers
+    appended = await ours.append("7", "8")
+    assert appended == (8, {s: ("user", str(s)) for s in range(3, 7)})
+    assert ours.statements == 1
+    stored = await ours.conn.fetch(
+        "SELECT sequence, content FROM messages WHERE conversation_id = 'conv_a' ORDER BY 1"
+    )
+    assert [tuple(r) for r in stored] == [(s, str(s)) for s in range(1, 9)]
+    assert await ours.conn.fetchval("SELECT message_count FROM conversations") == 8
+
+
+async def test_an_append_that_waited_for_another_reads_its_messages(
+    writers: tuple[Writer, Writer],
+) -> None:
+    """Its statement began before the other append committed, so it could not see that
+    append's message: it gives up and reads after the lock."""
+    ours, theirs = writers
+    other = theirs.conn.transaction()
+    await other.start()
+    assert await repo.append_messages(
+        theirs.conn, theirs.org_id, "conv_a", ["msg_x"], [NewMessage("user", "x")], 1, 4
+    ) == (7, {s: ("user", str(s)) for s in range(3, 7)})
+    waiting = asyncio.create_task(ours.append("8"))
+    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await other.commit()
+    assert await asyncio.wait_for(waiting, 10) == (
+        8,
+        {4: ("user", "4"), 5: ("user", "5"), 6: ("user", "6"), 7: ("user", "x")},
+    )
+    assert ours.statements == 3
+
+
+async def test_an_append_that_waited_for_an_edit_reads_the_new_content(
+    writers: tuple[Writer, Writer],
+) -> None:
+    ours, theirs = writers
+    edit = theirs.conn.transaction()
+    await edit.start()
+    assert await repo.lock_conversation(theirs.conn, theirs.org_id, "conv_a") == 6
+    message_id = "msg_conv_a_5"
+    edited = await repo.replace_message_content(
+        theirs.conn, theirs.org_id, "conv_a", message_id, "five, edited"
+    )
+    assert edited is not None
+    await repo.touch_conversation(theirs.conn, theirs.org_id, "conv_a", edited[1])
+    waiting = asyncio.create_task(ours.append("7"))
+    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await edit.commit()
+    count, lines = await asyncio.wait_for(waiting, 10) or (0, {})
+    assert (count, lines[5]) == (7, ("user", "five, edited"))
+    assert ours.statements == 3
+
+
+async def test_an_append_that_waited_for_a_lock_taken_in_vain_takes_one_statement(
+    writers: tuple[Writer, Writer],
+) -> None:
+    """A writer that locked the row and rolled back changed nothing: the row's version is
+    the one the statement began with."""
+    ours, theirs = writers
+    edit = theirs.conn.transaction()
+    await edit.start()
+    await repo.lock_conversation(theirs.conn, theirs.org_id, "conv_a")
+    waiting = asyncio.create_task(ours.append("7"))
+    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await edit.rollback()
+    assert await asyncio.wait_for(waiting, 10) == (7, {s: ("user", str(s)) for s in range(3, 7)})
+    assert ours.statements == 1
+
+
+async def test_an_append_to_a_missing_conversation_inserts_nothing(
+    writers: tuple[Writer, Writer],
+) -> None:
+    ours, _ = writers
+    assert await ours.append("7", conversation_id="conv_missing") is None
+    assert await ours.conn.fetchval("SELECT count(*) FROM messages") == 6
