@@ -174,11 +174,48 @@ def top_k(scores: Matrix, labels: Labels, k: int) -> tuple[Matrix, Labels]:
     return scores[chosen][None, :].astype(np.float32), labels[chosen][None, :]
 
 
+# Adds of at least this many vectors find their lists with the float32 centroids, by BLAS
+# matrix products (FAISS's threshold for them); smaller adds and every search with float16
+# copies (IvfStore).
+BULK_ASSIGN = 20
+
+
 class IvfStore(Float16Lists):
     """IVF over inner product, its nprobe calibrated at build time to reach the target
-    recall@10 on the org's own vectors (build_ivf)."""
+    recall@10 on the org's own vectors (build_ivf).
+
+    Every search and every request's add first scores all the centroids: at 1M vectors 4,096
+    of them, 12.6 MB in float32, which the CPU's caches seldom still hold when the next call
+    comes. The index scores them in float16 (half the bytes; within 2**-11, as the codes), and
+    keeps the float32 ones for bulk adds, which gain more from BLAS than they lose in bytes:
+    with the float16 centroids alone, building 1M vectors took 111 s instead of 52."""
 
     kind = "ivf"
+
+    def __init__(self, index: Any, nprobe: int, dim: int) -> None:
+        super().__init__(index, nprobe, dim)
+        self._bulk_quantizer = index.quantizer  # the float32 centroids it was trained with
+        centroids = self._bulk_quantizer.reconstruct_n(0, index.nlist)
+        self._quantizer = faiss.IndexScalarQuantizer(
+            dim, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT
+        )
+        self._quantizer.train(centroids)  # float16 codes need no training: this only marks it
+        self._quantizer.add(centroids)
+        index.quantizer = self._quantizer  # both stay referenced here, for FAISS holds neither
+
+    def add(self, labels: Labels, vectors: Matrix) -> None:
+        if labels.size < BULK_ASSIGN:
+            super().add(labels, vectors)
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)  # read through raw pointers
+        labels = np.ascontiguousarray(labels, dtype=np.int64)
+        _, lists = self._bulk_quantizer.search(vectors, 1)
+        self._index.add_core(
+            labels.size, faiss.swig_ptr(vectors), faiss.swig_ptr(labels), faiss.swig_ptr(lists)
+        )
+
+    def memory_bytes(self) -> int:
+        return super().memory_bytes() + self.nlist * self._dim * 2
 
 
 def nlist_for(n: int) -> int:
@@ -218,8 +255,8 @@ def build_ivf(labels: Labels, vectors: Matrix, target_recall: float, seed: int =
     sample = vectors if sample_size == n else vectors[np.sort(rng.choice(n, sample_size, False))]
     index.train(sample)
     index.set_direct_map_type(faiss.DirectMap.Hashtable)
-    index.add_with_ids(vectors, labels)
     store = IvfStore(index, nlist, dim)
+    store.add(labels, vectors)
     store.nprobe = _calibrate(store, vectors, target_recall, rng)
     log.info("built IVF index: %d vectors, nlist %d, nprobe %d", n, nlist, store.nprobe)
     return store

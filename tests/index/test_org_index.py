@@ -9,6 +9,7 @@ import pytest
 
 from index_service.org_index import SNAPSHOT_SLACK, OrgIndex
 from index_service.stores import (
+    BULK_ASSIGN,
     MIN_NPROBE,
     MISSING,
     NPROBE_STEPS,
@@ -147,6 +148,25 @@ def test_growth_rebuilds_only_when_the_list_count_grows() -> None:
     assert org.size == 8200 and nlist_for(8200) == 512 and org.needs_rebuild()
     org.finish_rebuild(org.build(org.begin_rebuild()))
     assert org._store.nlist == 512 and not org.needs_rebuild()
+
+
+def test_an_ivf_store_finds_what_it_was_given_one_by_one_and_in_bulk() -> None:
+    """A request's few vectors find their lists by the float16 centroids, a bulk add's by the
+    float32 ones (BLAS); searches, reconstruction and removal find them either way."""
+    store = build_ivf(np.arange(3000, dtype=np.int64), clustered(3000, seed=21), 0.97)
+    new = clustered(200, seed=22)
+    for row in range(10):
+        store.add(np.array([3000 + row], dtype=np.int64), new[row : row + 1])
+    bulk = np.arange(3010, 3200, dtype=np.int64)
+    assert bulk.size >= BULK_ASSIGN
+    store.add(bulk, new[10:])
+    assert store.ntotal == 3200
+    _, found = store.search(new, 1, None, MIN_NPROBE)
+    assert found[:, 0].tolist() == list(range(3000, 3200))
+    assert np.abs(store.reconstruct(np.array([3005, 3100])) - new[[5, 100]]).max() < 1e-3
+    store.remove(np.array([3000, 3010], dtype=np.int64))
+    _, found = store.search(new[[0, 10]], 5, None, MIN_NPROBE)
+    assert 3000 not in found and 3010 not in found and store.ntotal == 3198
 
 
 def test_duplicate_chunks_do_not_force_an_exhaustive_ivf() -> None:
