@@ -22,6 +22,7 @@ import csv
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,43 @@ from memory_proto import index_pb2, index_pb2_grpc
 
 DIM = 768
 ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def rounds_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """A command line whose --help is the script's whole docstring, with the options of a
+    timing in alternated rounds: --calls, --rounds, --out and --machine."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=300, help="timed calls a round")
+    parser.add_argument("--rounds", type=int, default=rounds, help="rounds; the median p50 is kept")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    parser.add_argument(
+        "--machine", default=f"{platform.machine()} CPU", help="names the machine in files and plot"
+    )
+    return parser
+
+
+def save_result(result: dict[str, Any], out: Path, prefix: str, plot: Callable[..., Any]) -> None:
+    """Write out/<prefix>-<machine>.json, and the figure `plot` draws of it as .png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{prefix}-" + re.sub(r"[^a-z0-9]+", "-", result["machine"].lower()).strip("-")
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    fig = plot(result)
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
+    progress(f"wrote {out / name}.json and .png")
 
 
 def mixture(n: int, rng: np.random.Generator, centers: np.ndarray, spread: float) -> np.ndarray:

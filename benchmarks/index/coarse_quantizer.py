@@ -22,22 +22,18 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import re
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_index import DIM, exact_top, mixture, progress
+from bench_index import DIM, exact_top, mixture, progress, rounds_parser, save_result
 
 from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
+from index_service.settings import IndexSettings
 from index_service.stores import IvfStore, build_ivf
 
-HERE = Path(__file__).resolve().parent
 QUERIES = 300
 
 
@@ -131,10 +127,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(result: dict[str, Any]) -> Any:
+    """The figure of `result` (save_result picks the backend and writes it)."""
     import matplotlib.pyplot as plt
 
     calls_ = ["upsert", "search", "search_nprobe16"]
@@ -160,34 +154,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
         f"{result['machine']}",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = rounds_parser(__doc__, rounds=3)
     parser.add_argument("--size", type=int, default=1_000_000, help="vectors in the org")
-    parser.add_argument("--target-recall", type=float, default=0.95, help="as the shard's")
-    parser.add_argument("--calls", type=int, default=300, help="timed calls a round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; the median p50 is kept")
     parser.add_argument(
-        "--evict-mb", type=int, default=64, help="buffer written before a cold call"
+        "--target-recall",
+        type=float,
+        default=IndexSettings.model_fields["target_recall"].default,
+        help="calibration's target (default: the shard's)",
     )
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    parser.add_argument(
-        "--machine", default=f"{platform.machine()} CPU", help="names the machine in files and plot"
-    )
+    parser.add_argument("--evict-mb", type=int, default=64, help="MB written before each cold call")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = measure(args)
-    slug = re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")
-    name = f"coarse-quantizer-{args.size}-{slug}"
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / f"{name}.png")
-    progress(f"wrote {args.out / name}.json and .png")
+    save_result(measure(args), args.out, f"coarse-quantizer-{args.size}", plot)
 
 
 if __name__ == "__main__":

@@ -18,23 +18,18 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import re
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_index import DIM, Shard, progress, upsert_all
+from bench_index import DIM, Shard, progress, rounds_parser, save_result, upsert_all
 
 from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
 from index_service.stores import FlatStore
 from memory_proto import index_pb2
 
-HERE = Path(__file__).resolve().parent
 WARMUP = 20
 
 
@@ -95,10 +90,8 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     return {f"{name}_p50_ms": statistics.median(ms) for name, ms in rounds.items()}
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot(result: dict[str, Any]) -> Any:
+    """The figure of `result` (save_result picks the backend and writes it)."""
     import matplotlib.pyplot as plt
 
     n = result["vectors"]
@@ -120,31 +113,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("ms, p50 (median of rounds)")
     ax.set_title(f"a shard Search's time, {result['machine']}")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main() -> None:
-    # The whole docstring: what each timing is, and how the figures are kept.
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = rounds_parser(__doc__, rounds=5)
     parser.add_argument("--vectors", type=int, default=10_000, help="vectors in the flat org")
-    parser.add_argument("--calls", type=int, default=300, help="timed calls a round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median p50 is kept")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    parser.add_argument(
-        "--machine", default=f"{platform.machine()} CPU", help="names the machine in files and plot"
-    )
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)  # the shard's log goes there first
     result: dict[str, Any] = {"machine": args.machine, "vectors": args.vectors}
     result.update(measure(args))
-    name = "search-path-" + re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, args.out / f"{name}.png")
-    progress(f"wrote {args.out / name}.json and .png: {result}")
+    save_result(result, args.out, "search-path", plot)
 
 
 if __name__ == "__main__":
