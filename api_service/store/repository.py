@@ -219,8 +219,8 @@ async def append_messages(
         _APPEND_IF_UNCHANGED, org_id, conversation_id, n, storage_bytes, *values, lines_before
     )
     if rows:
-        lines = {r["sequence"]: (r["role"], r["content"]) for r in rows if r["sequence"]}
-        return rows[0]["count"], lines
+        earlier = (r for r in rows if r["sequence"] is not None)  # None: no earlier lines
+        return rows[0]["count"], {r["sequence"]: (r["role"], r["content"]) for r in earlier}
     count: int | None = await conn.fetchval(
         _RESERVE + " RETURNING message_count", org_id, conversation_id, n, storage_bytes
     )
