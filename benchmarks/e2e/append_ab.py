@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -122,6 +123,9 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+        shutil.rmtree(args.work / "data", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            args.work.rmdir()  # only if nothing else was left there
     result: dict[str, Any] = {
         "machine": args.machine,
         "before": args.before,
