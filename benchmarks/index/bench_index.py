@@ -50,6 +50,26 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def p50_ms(
+    call: Callable[[int], object],
+    calls: int,
+    warmup: int = 20,
+    before: Callable[[int], object] | None = None,
+) -> float:
+    """p50 in ms of `calls` timed calls (each handed its number), after `warmup` untimed;
+    `before`, when given, runs untimed ahead of every call, the warm-up's included."""
+    samples = []
+    for timed, count in ((False, warmup), (True, calls)):
+        for i in range(count):
+            if before is not None:
+                before(i)
+            t0 = time.perf_counter()
+            call(i)
+            if timed:
+                samples.append(time.perf_counter() - t0)
+    return float(np.percentile(samples, 50) * 1000)
+
+
 def rounds_parser(doc: str, rounds: int) -> argparse.ArgumentParser:
     """A command line whose --help is the script's whole docstring, with the options of a
     timing in alternated rounds: --calls, --rounds, --out and --machine."""

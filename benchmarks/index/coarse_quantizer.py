@@ -28,7 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from bench_index import DIM, exact_top, mixture, progress, rounds_parser, save_result
+from bench_index import DIM, exact_top, mixture, p50_ms, progress, rounds_parser, save_result
+from bench_index import recall as recall_of
 
 from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
 from index_service.settings import IndexSettings
@@ -37,20 +38,9 @@ from index_service.stores import IvfStore, build_ivf
 QUERIES = 300
 
 
-def p50_ms(call: Callable[[int], object], calls: int, evict: np.ndarray | None) -> float:
-    """p50 in ms of `calls` calls (each handed its number), the buffer written before each."""
-    samples = []
-    for i in range(calls):
-        if evict is not None:
-            evict.fill(i)
-        t0 = time.perf_counter()
-        call(i)
-        samples.append(time.perf_counter() - t0)
-    return float(np.percentile(samples, 50) * 1000)
-
-
 def calls(store: IvfStore, queries: np.ndarray, fresh: np.ndarray) -> dict[str, Callable]:
-    """The timed calls; upserts replace label n + i % 100 and add label n + 100 + i."""
+    """The timed calls. Each upsert removes the label the one before added last and adds the
+    next two, as an append rewrites its conversation's last window and adds one."""
     n = store.ntotal
     window = [n]  # labels the upserts own, growing as an append's windows do
 
@@ -95,8 +85,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for name, quantizer in quantizers.items():
         index.quantizer = quantizer
         _, found = store.search(queries, 10, None)
-        hits = [len(set(f) & set(t)) for f, t in zip(found.tolist(), truth.tolist(), strict=True)]
-        recall[name] = round(sum(hits) / truth.size, 4)
+        recall[name] = round(recall_of(found.tolist(), truth), 4)
     evict = np.zeros(args.evict_mb << 18, dtype=np.float32)
     timed = calls(store, queries, fresh)
     rounds: dict[str, list[float]] = {}
@@ -104,10 +93,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for name, quantizer in quantizers.items():
             index.quantizer = quantizer
             for call_name, call in timed.items():
-                for cache, buffer in (("warm", None), ("cold", evict)):
-                    p50_ms(call, 20, buffer)
+                for cache, before in (("warm", None), ("cold", evict.fill)):
                     key = f"{call_name}_{name}_{cache}_p50_ms"
-                    rounds.setdefault(key, []).append(p50_ms(call, args.calls, buffer))
+                    rounds.setdefault(key, []).append(p50_ms(call, args.calls, 20, before))
         progress(
             f"round {r + 1}/{args.rounds}: "
             + ", ".join(f"{k} {v[-1]:.3f}" for k, v in rounds.items())

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from search_path import p50_ms
+from bench_index import p50_ms
 
 HERE = Path(__file__).resolve().parent
 PAYLOAD = b"x" * 64

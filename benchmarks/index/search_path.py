@@ -19,36 +19,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from bench_index import DIM, Shard, progress, rounds_parser, save_result, upsert_all
+from bench_index import DIM, Shard, p50_ms, progress, rounds_parser, save_result, upsert_all
 
 from index_service.native import single_threaded_faiss, single_threaded_numpy_blas
 from index_service.stores import FlatStore
 from memory_proto import index_pb2
-
-WARMUP = 20
 
 
 def unit_vectors(n: int, rng: np.random.Generator) -> np.ndarray:
     out = rng.standard_normal((n, DIM), dtype=np.float32)
     out /= np.linalg.norm(out, axis=1, keepdims=True)
     return out
-
-
-def p50_ms(call: Callable[[int], object], calls: int, warmup: int = WARMUP) -> float:
-    """p50 in ms of `calls` timed calls (each handed its number), after `warmup` untimed."""
-    for i in range(warmup):
-        call(i)
-    samples = []
-    for i in range(calls):
-        t0 = time.perf_counter()
-        call(i)
-        samples.append(time.perf_counter() - t0)
-    return float(np.percentile(samples, 50) * 1000)
 
 
 def measure(args: argparse.Namespace) -> dict[str, float]:
