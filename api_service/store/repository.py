@@ -219,8 +219,7 @@ async def append_messages(
         _APPEND_IF_UNCHANGED, org_id, conversation_id, n, storage_bytes, *values, lines_before
     )
     if rows:
-        earlier = (r for r in rows if r["sequence"] is not None)  # None: no earlier lines
-        return rows[0]["count"], {r["sequence"]: (r["role"], r["content"]) for r in earlier}
+        return rows[0]["count"], _lines(rows)
     count: int | None = await conn.fetchval(
         _RESERVE + " RETURNING message_count", org_id, conversation_id, n, storage_bytes
     )
@@ -228,7 +227,13 @@ async def append_messages(
         return None
     first = count - n + 1
     rows = await conn.fetch(_INSERT_AND_READ, org_id, conversation_id, first, lines_before, *values)
-    return count, {r["sequence"]: (r["role"], r["content"]) for r in rows}
+    return count, _lines(rows)
+
+
+def _lines(rows: list[asyncpg.Record]) -> dict[int, tuple[str, str]]:
+    """sequence -> (role, content) of the rows that hold a message (the one-statement
+    append's LEFT JOIN gives a row without one where there are no earlier lines)."""
+    return {r["sequence"]: (r["role"], r["content"]) for r in rows if r["sequence"] is not None}
 
 
 def _message_values(message_ids: Sequence[str], messages: Sequence[NewMessage]) -> list[Any]:
