@@ -31,6 +31,7 @@ def load_embedder(settings: EmbedSettings) -> Embedder:
         threads=settings.torch_threads,
         fused_attention=fused,
         dtype=pick_dtype(settings.dtype, device),
+        cuda_graphs=settings.cuda_graphs,
     )
     # One small batch first, so that the first caller does not pay for lazy initialization.
     embedder.embed(embedder.tokenize(["warm-up"]))

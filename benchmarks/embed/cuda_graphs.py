@@ -1,14 +1,17 @@
-"""One question's embedding on a GPU: the eager forward against a CUDA graph replayed.
+"""Small batches on a GPU: the eager forward against the service's CUDA graphs.
 
-A search embeds one short question. On a GPU that forward pass is bound by launching its
-kernels (about 150 of them, 12 layers), not by their work: 64 questions take about as long as
-one. A CUDA graph captured once per padded length launches them all in one call. This times,
-over LongMemEval questions, the model's `embed()` of one question (warm: every length met
-once before) against the replay of a graph captured for the smallest bucket that holds the
-question (padding is masked out of attention and pooling), and compares the vectors.
+A search embeds one short question, and a lightly loaded service embeds a few texts at a time.
+On a GPU such a forward pass is bound by launching its kernels (about 150, 12 layers), not by
+their work; the service captures graphs of small batches when it loads
+(embed_service.cuda_graphs) and replays them. This loads the model twice, as the service
+does (graphs) and with `cuda_graphs=False` (eager), and times `embed()` in both:
+- one LongMemEval question at a time, warm (every length met once before);
+- batches of 1-16 texts of 32, 128 and 384 tokens (16 texts lie past the graphs: eager in both).
+It also reports how long the graphs took to capture, the GPU memory they hold, and the lowest
+cosine of a replayed vector to the eager one.
 
-Needs a CUDA device for the graphs (`--device cpu` times the eager path only, to check the
-script) and the model folder (--model-dir, or the one assembled from the PyPI parts). Writes
+Needs a CUDA device (`--device cpu` times the eager path only, to check the script) and the
+model folder (--model-dir, or the one assembled from the PyPI parts). Writes
 results/cuda-graphs-<machine>.json and .png.
 
 Usage:
@@ -27,48 +30,12 @@ import numpy as np
 import torch
 from first_calls import question_tokens, save, setup
 
-from embed_service import mpnet_sdpa
-from embed_service.model import TransformerEmbedder, pooled_unit_vectors
+from embed_service.embedder import TokenIds
+from embed_service.model import TransformerEmbedder
 
-BUCKETS = (16, 32, 48, 64, 96, 128)
-
-
-class GraphedQuestion:
-    """A CUDA graph of the encoder, mean pooling and normalization for one (1, length) input."""
-
-    def __init__(self, model: TransformerEmbedder, length: int) -> None:
-        device = model.device
-        self.pad = model.pad_id
-        self.ids = torch.full((1, length), model.pad_id, dtype=torch.long, device=device)
-        self.mask = torch.zeros((1, length), dtype=torch.long, device=device)
-        self.ids[0, 0], self.mask[0, 0] = 0, 1  # a real token for the warm-up runs
-
-        with torch.inference_mode():
-            hidden = model.model.embeddings(input_ids=self.ids)
-            bias = mpnet_sdpa.position_bias_for(model.model, hidden)
-
-        def run() -> torch.Tensor:
-            hidden = mpnet_sdpa.encode(model.model, self.ids, self.mask, bias)
-            return pooled_unit_vectors(hidden, self.mask)
-
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.inference_mode(), torch.cuda.stream(side):
-            for _ in range(3):  # warm-up outside the capture, as CUDA graphs require
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph):
-            self.out = run()
-
-    def embed(self, ids: list[int]) -> np.ndarray:
-        self.ids.fill_(self.pad)
-        self.mask.zero_()
-        self.ids[0, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        self.mask[0, : len(ids)] = 1
-        self.graph.replay()
-        result: np.ndarray = self.out.cpu().numpy()
-        return result
+ROWS = (1, 2, 4, 8, 16)
+TOKENS = (32, 128, 384)
+CALLS = 30
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -81,40 +48,72 @@ def summary(ms: list[float]) -> dict[str, float]:
     return {"p50_ms": statistics.median(ms), "p99_ms": float(np.percentile(ms, 99))}
 
 
-def main() -> None:
-    args, model, results = setup(__doc__)
-    tokens = question_tokens(args, model)
-    tokens = [t for t in tokens if len(t) <= BUCKETS[-1]]
-    for ids in tokens:  # every length once: the timings below are warm
+def reserved_mb() -> float:
+    return torch.cuda.memory_reserved() / 2**20 if torch.cuda.is_available() else 0.0
+
+
+def load(folder: Path, device: str, graphs: bool) -> tuple[TransformerEmbedder, float, float]:
+    """The model, its load time in seconds, and the GPU memory it took in MiB."""
+    before = reserved_mb()
+    took, model = timed(lambda: TransformerEmbedder(folder, device=device, cuda_graphs=graphs))
+    return model, took / 1e3, reserved_mb() - before
+
+
+def one_question(model: TransformerEmbedder, tokens: list[TokenIds]) -> tuple[list[float], Any]:
+    for ids in tokens:  # every length once: the timings are warm
         model.embed([ids])
-    eager = [timed(lambda ids=ids: model.embed([ids])) for ids in tokens]
-    eager_ms = [ms for ms, _ in eager]
-    eager_vectors = [vector for _, vector in eager]
+    runs = [timed(lambda ids=ids: model.embed([ids])) for ids in tokens]
+    return [ms for ms, _ in runs], np.concatenate([vector for _, vector in runs])
+
+
+def batch_grid(model: TransformerEmbedder) -> dict[str, float]:
+    """p50 ms of embed() per 'texts x tokens' batch of random ids (full length, no padding)."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for rows in ROWS:
+        for tokens in TOKENS:
+            batch = [rng.integers(1000, 30000, tokens) for _ in range(rows)]
+            for _ in range(3):
+                model.embed(batch)
+            out[f"{rows}x{tokens}"] = statistics.median(
+                timed(lambda b=batch: model.embed(b))[0] for _ in range(CALLS)
+            )
+    return out
+
+
+def main() -> None:
+    args, folder, results = setup(__doc__)
+    eager, eager_load_s, eager_mb = load(folder, args.device, graphs=False)
+    tokens = question_tokens(args, eager)
+    eager_ms, eager_vectors = one_question(eager, tokens)
     results.update(
-        questions=len(tokens), tokens_max=max(len(t) for t in tokens), eager=summary(eager_ms)
+        questions=len(tokens),
+        tokens_max=max(len(t) for t in tokens),
+        eager=summary(eager_ms),
+        eager_batches=batch_grid(eager),
+        eager_load_s=eager_load_s,
+        eager_reserved_mb=eager_mb,
+        eager_ms=eager_ms,
     )
     print(f"eager embed(), one question: {results['eager']}")
     if args.device == "cuda":
-        graphs, capture_ms = {}, {}
-        for length in BUCKETS:
-            capture_ms[length], graphs[length] = timed(lambda n=length: GraphedQuestion(model, n))
-        replay_ms, replay_vectors = [], []
-        for ids in tokens:
-            bucket = next(n for n in BUCKETS if n >= len(ids))
-            took, vector = timed(lambda ids=ids, b=bucket: graphs[b].embed(ids))
-            replay_ms.append(took)
-            replay_vectors.append(vector)
-        cosines = [float(a[0] @ b[0]) for a, b in zip(eager_vectors, replay_vectors, strict=True)]
+        graphed, graphed_load_s, graphed_mb = load(folder, args.device, graphs=True)
+        graph_ms, graph_vectors = one_question(graphed, tokens)
+        cosines = np.sum(eager_vectors * graph_vectors, axis=1)
         results.update(
-            buckets=list(BUCKETS),
-            capture_ms={str(k): v for k, v in capture_ms.items()},
-            graph=summary(replay_ms),
-            cosine_to_eager_min=min(cosines),
-            eager_ms=eager_ms,
-            graph_ms=replay_ms,
+            graph=summary(graph_ms),
+            graph_batches=batch_grid(graphed),
+            graphs_capture_s=graphed_load_s - eager_load_s,
+            graphs_reserved_mb=graphed_mb - eager_mb,
+            cosine_to_eager_min=float(cosines.min()),
+            graph_ms=graph_ms,
         )
-        print(f"graph replay, one question: {results['graph']}; capture {capture_ms} ms")
-        print(f"cosine of the replayed vectors to the eager ones: min {min(cosines):.6f}")
+        print(f"graph replay, one question: {results['graph']}")
+        print(f"graphs: {results['graphs_capture_s']:.1f} s more to load, ", end="")
+        print(f"{results['graphs_reserved_mb']:.0f} MiB more GPU memory")
+        print(f"cosine of the replayed vectors to the eager ones: min {cosines.min():.6f}")
+        for shape, ms in results["eager_batches"].items():
+            print(f"{shape:>8}: eager {ms:6.2f} ms, graph {results['graph_batches'][shape]:6.2f}")
     save(results, args, "cuda-graphs", plot)
 
 
@@ -124,15 +123,24 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    names = [name for name in ("eager", "graph") if name in results]
+    modes = [name for name in ("eager", "graph") if name in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     for offset, quantile in ((-0.2, "p50_ms"), (0.2, "p99_ms")):
-        xs = [i + offset for i in range(len(names))]
-        ax.bar(xs, [results[n][quantile] for n in names], width=0.4, label=quantile[:3])
-    ax.set_xticks(range(len(names)), names)
-    ax.set_ylabel("ms, one question")
-    ax.set_title(f"one question's embedding, {results['machine']}")
-    ax.legend()
+        xs = [i + offset for i in range(len(modes))]
+        left.bar(xs, [results[n][quantile] for n in modes], width=0.4, label=quantile[:3])
+    left.set_xticks(range(len(modes)), modes)
+    left.set(ylabel="ms", title=f"one question, {results['questions']} questions")
+    left.legend()
+    for mode, style in zip(modes, ("o-", "x--"), strict=False):
+        grid = results[f"{mode}_batches"]
+        for tokens in TOKENS:
+            ms = [grid[f"{rows}x{tokens}"] for rows in ROWS]
+            right.plot(ROWS, ms, style, label=f"{mode}, {tokens} tokens")
+    right.set(xscale="log", yscale="log", xlabel="texts in the batch", ylabel="ms, p50")
+    right.set_xticks(ROWS, [str(r) for r in ROWS])
+    right.set_title("a batch's embed()")
+    right.legend(fontsize=7)
+    fig.suptitle(f"eager forward against CUDA graph replay, {results['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
