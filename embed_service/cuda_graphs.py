@@ -44,7 +44,9 @@ def bucket_for(rows: int, tokens: int) -> tuple[int, int] | None:
 
 
 class _Graph:
-    """One captured forward pass: static input buffers on both sides, a static output."""
+    """One captured forward pass. Every tensor it reads or writes outside its own pool is held
+    here for as long as the graph lives: static inputs on the host (pinned) and on the GPU,
+    the position bias, the output."""
 
     def __init__(self, model: Any, shape: tuple[int, int], pad_id: int, pool: Any) -> None:
         device = next(model.parameters()).device
@@ -54,11 +56,14 @@ class _Graph:
         self._ids = torch.full(shape, pad_id, dtype=torch.long, device=device)
         self._mask = torch.ones(shape, dtype=torch.long, device=device)
         with torch.inference_mode():
-            # Made outside the graph: some transformers releases build it on the CPU.
-            bias = mpnet_sdpa.position_bias_for(model, model.embeddings(input_ids=self._ids[:1]))
+            # Made outside the graph (some transformers releases build it on the CPU), and kept:
+            # the graph reads it at its address, which must not go back to the allocator.
+            self._bias = mpnet_sdpa.position_bias_for(
+                model, model.embeddings(input_ids=self._ids[:1])
+            )
 
         def forward() -> torch.Tensor:
-            hidden = mpnet_sdpa.encode(model, self._ids, self._mask, bias)
+            hidden = mpnet_sdpa.encode(model, self._ids, self._mask, self._bias)
             return pooled_unit_vectors(hidden, self._mask)
 
         side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]

@@ -83,7 +83,9 @@ def test_the_cpu_model_has_no_graphs(tiny_model_dir: Path) -> None:
 @needs_cuda
 def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
     """float32, so that any difference beyond rounding shows: a padded token or row that
-    leaked into attention or pooling would move the vectors by far more than 1e-4."""
+    leaked into attention or pooling would move the vectors by far more than 1e-4, as would a
+    tensor the graph reads that went back to the allocator when it was captured (the eager
+    model, loaded second, takes such memory)."""
     graphed = _on_cuda(tiny_model_dir)
     eager = _on_cuda(tiny_model_dir, cuda_graphs=False)
     assert graphed.graphs is not None and eager.graphs is None
@@ -103,15 +105,16 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
 def test_threads_replay_without_mixing_their_batches(tiny_model_dir: Path) -> None:
     """The service runs two model batches at once on CUDA; each must get its own vectors."""
     model = _on_cuda(tiny_model_dir)
+    eager = _on_cuda(tiny_model_dir, cuda_graphs=False)
     rng = np.random.default_rng(5)
     batches = [_batch(rng, [int(n) for n in rng.integers(3, 60, int(k))]) for k in (1, 2, 3, 1)]
-    expected = [model.embed(batch) for batch in batches]
+    expected = [eager.embed(batch) for batch in batches]
     mismatches: list[int] = []
 
     def replay(offset: int) -> None:
         for i in range(200):
             index = (i + offset) % len(batches)
-            if not np.allclose(model.embed(batches[index]), expected[index], atol=1e-5):
+            if not np.allclose(model.embed(batches[index]), expected[index], atol=1e-4):
                 mismatches.append(index)
 
     threads = [threading.Thread(target=replay, args=(n,)) for n in range(2)]
