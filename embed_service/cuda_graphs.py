@@ -30,7 +30,7 @@ from embed_service.model import pooled_unit_vectors
 
 log = logging.getLogger(__name__)
 
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 4, 8, 16)
 TOKENS = (16, 32, 64, 128, 256, 384)
 
 
@@ -48,7 +48,9 @@ class _Graph:
     here for as long as the graph lives: static inputs on the host (pinned) and on the GPU,
     the position bias, the output."""
 
-    def __init__(self, model: Any, shape: tuple[int, int], pad_id: int, pool: Any) -> None:
+    def __init__(
+        self, model: Any, shape: tuple[int, int], pad_id: int, pool: Any, stream: Any
+    ) -> None:
         device = next(model.parameters()).device
         self._pad_id = pad_id
         self._host_ids = torch.empty(shape, dtype=torch.long).pin_memory()
@@ -66,14 +68,13 @@ class _Graph:
             hidden = mpnet_sdpa.encode(model, self._ids, self._mask, self._bias)
             return pooled_unit_vectors(hidden, self._mask)
 
-        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.inference_mode(), torch.cuda.stream(side):
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(3):  # kernels pick their algorithms before, not during, the capture
                 forward()
-        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.current_stream(device).wait_stream(stream)
         self._graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self._graph, pool=pool):
+        with torch.inference_mode(), torch.cuda.graph(self._graph, pool=pool, stream=stream):
             self._out = forward()
 
     def run(self, ids: np.ndarray, mask: np.ndarray) -> Vectors:
@@ -99,9 +100,11 @@ class CudaGraphs:
     def __init__(self, model: Any, pad_id: int) -> None:
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        # One stream for every warm-up and capture: cuBLAS keeps a workspace per stream.
+        stream = torch.cuda.Stream(next(model.parameters()).device)  # type: ignore[no-untyped-call]
         # Largest first: the pool grows to the largest graph's needs once.
         shapes = sorted(((r, t) for r in ROWS for t in TOKENS), reverse=True)
-        self._graphs = {shape: _Graph(model, shape, pad_id, pool) for shape in shapes}
+        self._graphs = {shape: _Graph(model, shape, pad_id, pool, stream) for shape in shapes}
         self._lock = threading.Lock()
         log.info(
             "captured %d CUDA graphs (up to %d texts of %d tokens) in %.1f s",

@@ -47,8 +47,8 @@ class EmbedSettings(BaseSettings):
     )
     cuda_graphs: bool = Field(
         default=True,
-        description="on cuda with fused attention, replay batches of up to 8 texts of up to "
-        "384 tokens from CUDA graphs captured at start (a few hundred MB of GPU memory)",
+        description="on cuda with fused attention, replay batches of up to 16 texts of up to "
+        "384 tokens from CUDA graphs captured at start (about a second, and GPU memory)",
     )
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads for the model; default: all cores"

@@ -6,7 +6,7 @@ their work; the service captures graphs of small batches when it loads
 (embed_service.cuda_graphs) and replays them. This loads the model twice, as the service
 does (graphs) and with `cuda_graphs=False` (eager), and times `embed()` in both:
 - one LongMemEval question at a time, warm (every length met once before);
-- batches of 1-16 texts of 32, 128 and 384 tokens (16 texts lie past the graphs: eager in both).
+- batches of 1-32 texts of 32, 128 and 384 tokens (32 texts lie past the graphs: eager in both).
 It also reports how long the graphs take to capture, the GPU memory they hold, and the lowest
 cosine of a replayed vector to the eager one.
 
@@ -34,7 +34,7 @@ from embed_service.cuda_graphs import CudaGraphs
 from embed_service.embedder import TokenIds
 from embed_service.model import TransformerEmbedder
 
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 16, 32)
 TOKENS = (32, 128, 384)
 CALLS = 30
 

@@ -67,8 +67,8 @@ def test_a_batch_takes_the_smallest_bucket_that_holds_it() -> None:
     assert bucket_for(1, 1) == (1, 16)
     assert bucket_for(1, 17) == (1, 32)
     assert bucket_for(3, 100) == (4, 128)
-    assert bucket_for(8, MAX_TOKENS) == (8, 384)
-    assert bucket_for(9, 10) is None
+    assert bucket_for(9, MAX_TOKENS) == (16, 384)
+    assert bucket_for(17, 10) is None
     assert bucket_for(1, MAX_TOKENS + 1) is None
     assert TOKENS[-1] == MAX_TOKENS
     assert list(ROWS) == sorted(ROWS)
@@ -90,7 +90,8 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
     eager = _on_cuda(tiny_model_dir, cuda_graphs=False)
     assert graphed.graphs is not None and eager.graphs is None
     rng = np.random.default_rng(3)
-    shapes = [[5], [16], [17, 3, 30], [384, 7, 200, 64, 9, 12, 100, 383], [250] * 5, [20] * 9]
+    shapes = [[5], [16], [17, 3, 30], [384, 7, 200, 64, 9, 12, 100, 383], [250] * 5]
+    shapes += [[20] * 11, [20] * 17]  # the last past every bucket: eager in both
     for lengths in shapes:
         batch = _batch(rng, lengths)
         replayed, reference = graphed.embed(batch), eager.embed(batch)
@@ -98,7 +99,7 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
         np.testing.assert_allclose(replayed, reference, atol=1e-4)
         if len(batch) > 1:
             assert np.abs(reference[0] - reference[1]).max() > 1e-2  # the texts differ
-    assert graphed.graphs.embed(np.ones((9, 20), np.int64), np.ones((9, 20), np.int64)) is None
+    assert graphed.graphs.embed(np.ones((17, 20), np.int64), np.ones((17, 20), np.int64)) is None
 
 
 @needs_cuda
