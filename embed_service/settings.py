@@ -38,7 +38,8 @@ class EmbedSettings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",
         description="compute dtype; auto: bfloat16 on cuda (float16 where it lacks bfloat16) "
-        "and on CPUs with bfloat16 in hardware (AVX512-BF16, AMX), float32 on other CPUs",
+        "and on CPUs with bfloat16 in hardware (AVX512-BF16, AMX) where a product timed at start "
+        "runs at least 1.2x as fast as in float32, float32 on other CPUs",
     )
     fused_attention: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -29,7 +29,7 @@ from first_calls import QUESTIONS, REPO, arguments, question_tokens, save
 
 from api_service.core.chunking import window_texts
 from embed_service.assembly import ensure_model_folder
-from embed_service.model import TransformerEmbedder, native_cpu_bfloat16
+from embed_service.model import TransformerEmbedder, cpu_bfloat16_speedup, native_cpu_bfloat16
 
 CONVERSATIONS = QUESTIONS.parent / "oracle.conversations.jsonl.gz"
 BATCH = 8  # the CPU's batch_max_texts is 16; 8 windows of 384 tokens fill its token budget
@@ -122,6 +122,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "native_bfloat16": native_cpu_bfloat16(),
+        "bfloat16_speedup": cpu_bfloat16_speedup(),
         "questions": args.count,
         "windows": len(texts),
         "variants": {},

@@ -164,8 +164,15 @@ def test_auto_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> Non
     from embed_service import model
 
     monkeypatch.setattr(model, "native_cpu_bfloat16", lambda: True)
+    monkeypatch.setattr(model, "cpu_bfloat16_speedup", lambda: 3.3)
     assert pick_dtype("auto", "cpu") == torch.bfloat16
-    monkeypatch.setattr(model, "native_cpu_bfloat16", lambda: False)
+    # In hardware but slower than float32 (AVX512-BF16 without AMX on some Xeons).
+    monkeypatch.setattr(model, "cpu_bfloat16_speedup", lambda: 0.6)
     assert pick_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(model, "native_cpu_bfloat16", lambda: False)
+    monkeypatch.setattr(model, "cpu_bfloat16_speedup", lambda: pytest.fail("timed needlessly"))
+    assert pick_dtype("auto", "cpu") == torch.float32
+    monkeypatch.undo()
+    assert 0 < model.cpu_bfloat16_speedup() < 100  # a ratio of two real timings
     assert pick_dtype("bfloat16", "cpu") == torch.bfloat16
     assert pick_dtype("float32", "cuda") == torch.float32
