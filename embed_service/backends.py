@@ -30,7 +30,8 @@ def load_embedder(settings: EmbedSettings) -> Embedder:
         device=device,
         threads=settings.torch_threads,
         fused_attention=fused,
-        dtype=pick_dtype(settings.dtype, device),
+        # "auto" is resolved by the model, after it has set its threads: it times both dtypes.
+        dtype=None if settings.dtype == "auto" else pick_dtype(settings.dtype, device),
         cuda_graphs=settings.cuda_graphs,
     )
     # One small batch first, so that the first caller does not pay for lazy initialization.

@@ -7,11 +7,12 @@ mean pooling and normalization when it loads, one graph per bucket, and runs a b
 through the smallest bucket that holds it:
 - padded tokens carry the pad id and are masked out of attention and pooling, as in an eager
   batch, so the vectors are the eager ones to the dtype's rounding;
-- padding rows hold one real token (a row with every token masked would turn into NaN) and
-  their vectors are dropped.
+- padding rows hold one real token (a row with every token masked adds the dtype's lowest
+  value to every score, which can overflow) and their vectors are dropped.
 
-The graphs share one memory pool, so one lock keeps replays from overlapping: the GPU would
-run them one after the other anyway.
+The graphs share one memory pool, so a graph's output may lie in memory another graph uses
+as scratch: one lock holds a replay from the copy in to the copy of its output back to the
+host, and a replay's output is read only under it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def bucket_for(rows: int, tokens: int) -> tuple[int, int] | None:
     if fit_rows is None or fit_tokens is None:
         return None
     return fit_rows, fit_tokens
+
+
+def fill_bucket(
+    bucket_ids: np.ndarray, bucket_mask: np.ndarray, ids: np.ndarray, mask: np.ndarray, pad_id: int
+) -> None:
+    """Write a padded batch into a bucket's larger buffers, over whatever an earlier batch
+    left there: pad tokens masked out past the batch's own, one real token in each padding
+    row."""
+    rows, tokens = ids.shape
+    bucket_ids.fill(pad_id)
+    bucket_ids[:rows, :tokens] = ids
+    bucket_mask.fill(0)
+    bucket_mask[:rows, :tokens] = mask
+    bucket_mask[rows:, 0] = 1
 
 
 class _Graph:
@@ -78,19 +93,14 @@ class _Graph:
             self._out = forward()
 
     def run(self, ids: np.ndarray, mask: np.ndarray) -> Vectors:
-        """Vectors of a padded batch no larger than this graph's shape; the caller holds the
-        lock, and the copy back to the host waits for the replay."""
-        rows, tokens = ids.shape
-        host_ids, host_mask = self._host_ids.numpy(), self._host_mask.numpy()
-        host_ids.fill(self._pad_id)
-        host_ids[:rows, :tokens] = ids
-        host_mask.fill(0)
-        host_mask[:rows, :tokens] = mask
-        host_mask[rows:, 0] = 1
+        """Vectors of a padded batch no larger than this graph's shape. The caller holds the
+        lock: the copy of the output back to the host waits for the replay, and so also for
+        the copies in, after which the pinned buffers may be written again."""
+        fill_bucket(self._host_ids.numpy(), self._host_mask.numpy(), ids, mask, self._pad_id)
         self._ids.copy_(self._host_ids, non_blocking=True)
         self._mask.copy_(self._host_mask, non_blocking=True)
         self._graph.replay()
-        vectors: Vectors = self._out[:rows].cpu().numpy()
+        vectors: Vectors = self._out[: ids.shape[0]].cpu().numpy()
         return vectors
 
 

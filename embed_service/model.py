@@ -171,18 +171,22 @@ class TransformerEmbedder:
             # a shape without it, and a service meets new shapes for as long as it runs.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self._graphs: CudaGraphs | None = None
-        if cuda_graphs and device == "cuda" and self._fused:
-            from embed_service.cuda_graphs import CudaGraphs  # it builds on this module
-
-            self._graphs = CudaGraphs(self._model, self._pad_id)
+        graphs = "no CUDA graphs"
+        if cuda_graphs and device == "cuda":
+            if self._fused:
+                self._graphs = _capture_graphs(self._model, self._pad_id)
+                graphs = "CUDA graphs" if self._graphs else "no CUDA graphs: capture failed"
+            else:
+                graphs = "no CUDA graphs: they need fused attention (EMBED_FUSED_ATTENTION=on)"
         self._dim = int(model.config.hidden_size)
         self._params = sum(p.numel() for p in model.parameters())
         log.info(
-            "loaded %s on %s (%s, %s attention)",
+            "loaded %s on %s (%s, %s attention, %s)",
             MODEL_NAME,
             device,
             str(dtype).removeprefix("torch."),
             "fused" if self._fused else "eager",
+            graphs,
         )
 
     @property
@@ -265,6 +269,22 @@ class TransformerEmbedder:
                 ).last_hidden_state
             result: Vectors = pooled_unit_vectors(hidden, attention).cpu().numpy()
             return result
+
+
+def _capture_graphs(model: torch.nn.Module, pad_id: int) -> CudaGraphs | None:
+    """The CUDA graphs of small batches, or None, said in the log, where capturing fails (out
+    of GPU memory, say): the model then runs every batch eagerly."""
+    from embed_service.cuda_graphs import CudaGraphs  # it builds on this module
+
+    try:
+        return CudaGraphs(model, pad_id)
+    except RuntimeError:  # torch.cuda.OutOfMemoryError among them
+        log.warning(
+            "capturing CUDA graphs failed; every batch runs eagerly "
+            "(EMBED_CUDA_GRAPHS=false skips the attempt)",
+            exc_info=True,
+        )
+        return None
 
 
 def pooled_unit_vectors(hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

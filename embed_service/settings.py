@@ -48,8 +48,9 @@ class EmbedSettings(BaseSettings):
     )
     cuda_graphs: bool = Field(
         default=True,
-        description="on cuda with fused attention, replay batches of up to 16 texts of up to "
-        "384 tokens from CUDA graphs captured at start (about a second, and GPU memory)",
+        description="on cuda with fused attention (the default in bfloat16), replay batches of "
+        "up to 16 texts of up to 384 tokens from CUDA graphs captured at start (0.5-0.8 s and "
+        "286 MiB on an H200)",
     )
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads for the model; default: all cores"

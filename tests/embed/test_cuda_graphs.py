@@ -16,8 +16,11 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from embed_service.cuda_graphs import ROWS, TOKENS, bucket_for
+from embed_service import cuda_graphs, model
+from embed_service.backends import load_embedder
+from embed_service.cuda_graphs import ROWS, TOKENS, bucket_for, fill_bucket
 from embed_service.model import MAX_TOKENS, TransformerEmbedder
+from embed_service.settings import EmbedSettings
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 VOCAB = 512
@@ -56,6 +59,16 @@ def _batch(rng: np.random.Generator, lengths: list[int]) -> list[np.ndarray]:
     ]
 
 
+def _padded(batch: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    width = max(len(ids) for ids in batch)
+    ids = np.ones((len(batch), width), np.int64)
+    mask = np.zeros((len(batch), width), np.int64)
+    for row, seq in enumerate(batch):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
 def _on_cuda(folder: Path, cuda_graphs: bool = True) -> TransformerEmbedder:
     """float32 with fused attention, which the graphs capture."""
     return TransformerEmbedder(
@@ -75,9 +88,54 @@ def test_a_batch_takes_the_smallest_bucket_that_holds_it() -> None:
     assert list(TOKENS) == sorted(TOKENS)
 
 
+def test_a_batch_fills_its_bucket_over_a_larger_earlier_one() -> None:
+    bucket_ids, bucket_mask = np.zeros((4, 32), np.int64), np.zeros((4, 32), np.int64)
+    fill_bucket(bucket_ids, bucket_mask, np.full((4, 32), 9), np.ones((4, 32), np.int64), 1)
+    ids = np.array([[0, 5, 6, 2], [0, 7, 2, 1]])
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]])
+    fill_bucket(bucket_ids, bucket_mask, ids, mask, pad_id=1)
+    np.testing.assert_array_equal(bucket_ids[:2, :4], ids)
+    np.testing.assert_array_equal(bucket_mask[:2, :4], mask)
+    assert (bucket_ids[:, 4:] == 1).all() and (bucket_mask[:, 4:] == 0).all()
+    # Padding rows: pad tokens, the first one attended to, so that the row has a real token.
+    assert (bucket_ids[2:] == 1).all()
+    np.testing.assert_array_equal(bucket_mask[2:].sum(axis=1), [1, 1])
+    assert (bucket_mask[2:, 0] == 1).all()
+
+
 def test_the_cpu_model_has_no_graphs(tiny_model_dir: Path) -> None:
-    model = TransformerEmbedder(tiny_model_dir, "cpu", dtype=torch.float32, fused_attention=True)
-    assert model.graphs is None
+    embedder = TransformerEmbedder(tiny_model_dir, "cpu", dtype=torch.float32, fused_attention=True)
+    assert embedder.graphs is None
+
+
+def test_a_failed_capture_leaves_the_model_eager(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def out_of_memory(*args: object) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(cuda_graphs, "CudaGraphs", out_of_memory)
+    assert model._capture_graphs(torch.nn.Linear(2, 2), pad_id=1) is None
+    assert "EMBED_CUDA_GRAPHS=false" in caplog.text
+
+
+def test_the_settings_reach_the_model(
+    monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
+) -> None:
+    """EMBED_CUDA_GRAPHS is passed on, and EMBED_DTYPE=auto is left to the model, which
+    times the dtypes once it has set its threads."""
+    loaded: list[dict[str, object]] = []
+
+    class Recorded(TransformerEmbedder):
+        def __init__(self, folder: Path, **options: object) -> None:
+            loaded.append(options)
+            super().__init__(folder, device="cpu", dtype=torch.float32)
+
+    monkeypatch.setattr(model, "TransformerEmbedder", Recorded)
+    load_embedder(EmbedSettings(model_dir=tiny_model_dir, device="cpu", cuda_graphs=False))
+    load_embedder(EmbedSettings(model_dir=tiny_model_dir, device="cpu", dtype="bfloat16"))
+    assert loaded[0]["cuda_graphs"] is False and loaded[0]["dtype"] is None
+    assert loaded[1]["cuda_graphs"] is True and loaded[1]["dtype"] == torch.bfloat16
 
 
 @needs_cuda
@@ -97,6 +155,11 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
         replayed, reference = graphed.embed(batch), eager.embed(batch)
         assert replayed.shape == (len(lengths), 64)
         np.testing.assert_allclose(replayed, reference, atol=1e-4)
+        if len(batch) <= ROWS[-1]:  # the graph's own output, not an eager fallback
+            ids, mask = _padded(batch)
+            direct = graphed.graphs.embed(ids, mask)
+            assert direct is not None
+            np.testing.assert_allclose(direct, reference, atol=1e-4)
         if len(batch) > 1:
             assert np.abs(reference[0] - reference[1]).max() > 1e-2  # the texts differ
     assert graphed.graphs.embed(np.ones((17, 20), np.int64), np.ones((17, 20), np.int64)) is None
@@ -105,17 +168,19 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
 @needs_cuda
 def test_threads_replay_without_mixing_their_batches(tiny_model_dir: Path) -> None:
     """The service runs two model batches at once on CUDA; each must get its own vectors."""
-    model = _on_cuda(tiny_model_dir)
+    graphed = _on_cuda(tiny_model_dir)
     eager = _on_cuda(tiny_model_dir, cuda_graphs=False)
     rng = np.random.default_rng(5)
-    batches = [_batch(rng, [int(n) for n in rng.integers(3, 60, int(k))]) for k in (1, 2, 3, 1)]
+    # 20 texts lie past the graphs: an eager batch runs beside the replays.
+    sizes = (1, 2, 3, 20, 1)
+    batches = [_batch(rng, [int(n) for n in rng.integers(3, 60, int(k))]) for k in sizes]
     expected = [eager.embed(batch) for batch in batches]
     mismatches: list[int] = []
 
     def replay(offset: int) -> None:
         for i in range(200):
             index = (i + offset) % len(batches)
-            if not np.allclose(model.embed(batches[index]), expected[index], atol=1e-4):
+            if not np.allclose(graphed.embed(batches[index]), expected[index], atol=1e-4):
                 mismatches.append(index)
 
     threads = [threading.Thread(target=replay, args=(n,)) for n in range(2)]

@@ -110,7 +110,7 @@ def _fuzz(base_url: str, key: str, cid: str, mid: str) -> Counter[str]:
     for result in schema.get_all_operations():
         operation = result.ok()
         runs.append((operation, GenerationMode.POSITIVE, None))
-        if _can_negate(operation):
+        if _can_negate(negatable[operation.label]):
             runs.append((negatable[operation.label], GenerationMode.NEGATIVE, None))
         path_names = {p.name for p in operation.iter_parameters() if p.location == "path"}
         if path_names:
