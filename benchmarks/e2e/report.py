@@ -176,11 +176,15 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     ratios = [r for r in equal_recall_ratios(rows) if r["service_chunks"] == largest]
     reached = [r for r in ratios if r["shard_share"] is not None]
     labels = [f"{_family(r['system'])}\n{r['system'].rsplit('-', 1)[-1]}" for r in reached]
-    ax5.bar(labels, [r["shard_share"] for r in reached])
-    ax5.axhline(1.0, color="black", linewidth=0.8)
-    ax5.set(ylabel="shard's time / the alternative's")
-    ax5.tick_params(axis="x", labelsize=6, labelrotation=90)
     ax5.set_title(f"equal recall, timed beside, {top['chunks']:,} chunks")
+    if reached:
+        ax5.bar(labels, [r["shard_share"] for r in reached])
+        ax5.axhline(1.0, color="black", linewidth=0.8)
+        ax5.set(ylabel="shard's time / the alternative's")
+        ax5.tick_params(axis="x", labelsize=6, labelrotation=90)
+    else:
+        ax5.axis("off")
+        ax5.text(0.5, 0.5, "no alternative at this size", ha="center", transform=ax5.transAxes)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
