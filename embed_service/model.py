@@ -243,12 +243,7 @@ class TransformerEmbedder:
 
     def embed(self, batch: Sequence[TokenIds]) -> Vectors:
         """Pad the batch, run the encoder, mean-pool over real tokens, L2-normalize."""
-        width = max(len(ids) for ids in batch)
-        ids = np.full((len(batch), width), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(batch), width), dtype=np.int64)
-        for row, seq in enumerate(batch):
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
+        ids, mask = pad_batch(batch, self._pad_id)
         if self._graphs is not None:
             replayed = self._graphs.embed(ids, mask)
             if replayed is not None:
@@ -285,6 +280,18 @@ def _capture_graphs(model: torch.nn.Module, pad_id: int) -> CudaGraphs | None:
             exc_info=True,
         )
         return None
+
+
+def pad_batch(batch: Sequence[TokenIds], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids padded to the batch's longest with `pad_id`, and the attention mask (1 on a
+    real token), both (texts, longest) int64."""
+    width = max(len(ids) for ids in batch)
+    ids = np.full((len(batch), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(batch), width), dtype=np.int64)
+    for row, seq in enumerate(batch):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
 
 
 def pooled_unit_vectors(hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

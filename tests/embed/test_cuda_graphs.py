@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from embed_service import cuda_graphs, model
 from embed_service.backends import load_embedder
 from embed_service.cuda_graphs import ROWS, TOKENS, bucket_for, fill_bucket
-from embed_service.model import MAX_TOKENS, TransformerEmbedder
+from embed_service.model import MAX_TOKENS, TransformerEmbedder, pad_batch
 from embed_service.settings import EmbedSettings
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -57,16 +57,6 @@ def _batch(rng: np.random.Generator, lengths: list[int]) -> list[np.ndarray]:
     return [
         np.concatenate(([0], rng.integers(4, VOCAB, n - 2), [2])).astype(np.int64) for n in lengths
     ]
-
-
-def _padded(batch: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    width = max(len(ids) for ids in batch)
-    ids = np.ones((len(batch), width), np.int64)
-    mask = np.zeros((len(batch), width), np.int64)
-    for row, seq in enumerate(batch):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
 
 
 def _on_cuda(folder: Path, cuda_graphs: bool = True) -> TransformerEmbedder:
@@ -156,7 +146,7 @@ def test_replayed_vectors_are_the_eager_ones(tiny_model_dir: Path) -> None:
         assert replayed.shape == (len(lengths), 64)
         np.testing.assert_allclose(replayed, reference, atol=1e-4)
         if len(batch) <= ROWS[-1]:  # the graph's own output, not an eager fallback
-            ids, mask = _padded(batch)
+            ids, mask = pad_batch(batch, graphed.pad_id)
             direct = graphed.graphs.embed(ids, mask)
             assert direct is not None
             np.testing.assert_allclose(direct, reference, atol=1e-4)
