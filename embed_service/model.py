@@ -79,8 +79,9 @@ def cpu_bfloat16_speedup() -> float:
 
     A CPU flag does not tell it. On a 2-core Intel Xeon (family 6 model 207) that reports
     AVX512-BF16 but no AMX, bfloat16 products ran at 0.55-0.9x float32's speed (oneDNN's
-    kernel against MKL's) and the model embedded 384-token windows 1.6x slower; on a Zen 5
-    they were 3.3-3.8x as fast."""
+    kernel against MKL's) and the model embedded 384-token windows 1.2x slower (464 against
+    393 ms, benchmarks/embed/cpu_dtype.py); on a Zen 5 the model ran 3.3-3.8x as fast in
+    bfloat16."""
     tokens = torch.randn(128, 768)
     weights = torch.randn(3072, 768)
     pairs = {
