@@ -9,9 +9,10 @@ conversations, repeated under new conversation ids and respelt (see respelt). At
 it measures:
 
 - growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
-  messages a call); each append returns once its chunks are searchable; and the CPU a chunk
-  cost, by part: api, embed, index, postgres and this process, the load generator
-  (benchmarks/e2e/cpu.py);
+  messages a call; `--growth-batch 500` sends whole conversations, as a bulk import would
+  and as the alternatives are loaded, 1,000 rows a call); each append returns once its
+  chunks are searchable; and the CPU a chunk cost, by part: api, embed, index, postgres and
+  this process, the load generator (benchmarks/e2e/cpu.py);
 - append: latency p50/p99 of one-message appends, one client (searchable on return), as the
   client sees it and as the service's own time with the embedding taken out (`own`, below),
   with four of its parts: `write` (the transaction), `embed_wait`, `vectors` (storing them)
@@ -105,12 +106,19 @@ def progress(message: str) -> None:
 
 class Growth:
     """Grows the org through POST /api/v1/messages, `clients` conversations at a time, each
-    call GROWTH_BATCH messages; `call_ms` holds every call's latency."""
+    call `batch` messages; `call_ms` holds every call's latency."""
 
-    def __init__(self, http: httpx.AsyncClient, data: Path, clients: int = GROWTH_CLIENTS) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        data: Path,
+        clients: int = GROWTH_CLIENTS,
+        batch: int = GROWTH_BATCH,
+    ) -> None:
         self._http = http
         self._source = conversations(data)
         self._clients = clients
+        self._batch = batch
         self.chunks = 0
         self.messages = 0
         self.call_ms: list[float] = []
@@ -127,8 +135,8 @@ class Growth:
                 r = await self._http.post("/api/v1/conversations", json={})
                 r.raise_for_status()
                 cid = r.json()["conversation_id"]
-                for i in range(0, len(messages), GROWTH_BATCH):
-                    batch = messages[i : i + GROWTH_BATCH]
+                for i in range(0, len(messages), self._batch):
+                    batch = messages[i : i + self._batch]
                     t0 = time.perf_counter()
                     r = await self._http.post(
                         "/api/v1/messages", json={"conversation_id": cid, "messages": batch}
@@ -442,7 +450,7 @@ async def measure(
     headers = {"Authorization": f"Bearer {key}"}
     meter = CpuMeter(args.data_dir / "postgres")
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=1800) as http:
-        growth = Growth(http, args.data)
+        growth = Growth(http, args.data, batch=args.growth_batch)
         for size in sorted(args.sizes):
             progress(f"growing the org to {size:,} chunks")
             row: dict[str, Any] = {"system": "memory-service", "chunks": size}
@@ -562,6 +570,13 @@ def main() -> None:
         default=1_000_000,
         help="largest size to load Chroma at (one writer: 35-45 min per 1M chunks on 2 cores)",
     )
+    parser.add_argument(
+        "--growth-batch",
+        type=int,
+        default=GROWTH_BATCH,
+        help="messages a call while the org grows (the API takes up to 500; a conversation "
+        "holds about 490)",
+    )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
     parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
@@ -571,6 +586,8 @@ def main() -> None:
         "--replot", type=Path, help="only redraw the PNG of a results JSON written before"
     )
     args = parser.parse_args()
+    if not 1 <= args.growth_batch <= 500:
+        parser.error("--growth-batch must be between 1 and 500, the API's limit")
     if args.replot:
         results = json.loads(args.replot.read_text())
         title = f"memory service vs alternatives, {results['machine']}"
@@ -588,6 +605,7 @@ def main() -> None:
             "machine": args.machine,
             "embedder": args.embedder,
             "queries": args.queries,
+            "growth_batch": args.growth_batch,
             "minutes": round((time.time() - started) / 60, 1),
             "complete": complete,  # False: a run still going, or one that failed
         }
