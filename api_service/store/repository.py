@@ -175,16 +175,21 @@ _INSERT_MESSAGES = """
 
 # The whole append, if the conversation's row is still the version this statement sees
 # (xmin: the transaction that wrote it); else it changes nothing and returns no row. Then the
-# $11 lines before the new messages, as that version saw them.
+# $11 lines before the new messages, as that version saw them: read in a subquery of its own
+# (the LIMIT keeps it one), which its plan bounds by sequence in the primary key. Joined
+# directly, a generic plan made while the table was never analyzed read every message of the
+# conversation and filtered them (tests/store/test_appends.py, 0014).
 _APPEND_IF_UNCHANGED = f"""
     WITH seen AS (SELECT xmin FROM conversations WHERE org_id = $1 AND conversation_id = $2),
     reserved AS ({_RESERVE} AND xmin = (SELECT xmin FROM seen)
               RETURNING message_count - $3 + 1 AS first),
     inserted AS ({_INSERT_MESSAGES.format(first="r.first", rows="reserved r, ")})
     SELECT r.first + $3 - 1 AS count, m.sequence, m.role, m.content
-      FROM reserved r LEFT JOIN messages m
-        ON m.org_id = $1 AND m.conversation_id = $2
-       AND m.sequence >= r.first - $11 AND m.sequence < r.first"""
+      FROM reserved r LEFT JOIN LATERAL (
+           SELECT sequence, role, content FROM messages
+            WHERE org_id = $1 AND conversation_id = $2
+              AND sequence >= r.first - $11 AND sequence < r.first
+            LIMIT $11) m ON true"""
 
 # The messages from sequence $3 on, once _RESERVE took the lock; then the $4 lines before.
 _INSERT_AND_READ = f"""
@@ -340,6 +345,47 @@ _TSVECTOR_BYTES = 1_048_575
 _CAPPED_FULL_TEXT_CHARS = 64_000
 
 
+# Inserts or rebuilds the windows of conversation $2 ($3-$6: unnest's arrays), queues them for
+# indexing ($7: seconds leased to the caller) and charges the org ($8-$11); see upsert_chunks.
+_UPSERT_CHUNKS = f"""
+    WITH written AS (
+        INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
+                            end_sequence, text, text_search)
+        SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
+               CASE WHEN octet_length(c.text) <= {_JOINED_FULL_TEXT_BYTES}
+                      OR (SELECT CASE WHEN bool_and(
+                                         pg_column_compression(m.text_search) IS NULL)
+                                      THEN sum(pg_column_size(m.text_search)) END
+                            FROM messages m
+                           WHERE m.org_id = $1 AND m.conversation_id = $2
+                             AND m.sequence BETWEEN c.start_sequence
+                                                AND c.end_sequence)
+                         <= {_TSVECTOR_BYTES}
+               THEN (SELECT tsvector_agg(m.text_search ORDER BY m.sequence)
+                       FROM messages m
+                      WHERE m.org_id = $1 AND m.conversation_id = $2
+                        AND m.sequence BETWEEN c.start_sequence AND c.end_sequence)
+               ELSE to_tsvector('english', left(c.text, {_CAPPED_FULL_TEXT_CHARS}))
+               END
+          FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
+               AS c(start_sequence, chunk_id, end_sequence, text)
+        ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
+           SET end_sequence = excluded.end_sequence, text = excluded.text,
+               text_search = excluded.text_search, version = chunks.version + 1,
+               embedding = NULL, -- for the previous release's pods (0010)
+               updated_at = now()
+        RETURNING chunk_id, version),
+    job AS (
+        INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)
+        VALUES ($1, 'upsert', $2, $4::text[], now() + make_interval(secs => $7))
+        RETURNING job_id),
+    charged AS ({_charge_sql(8)})
+    SELECT job.job_id, array_agg(written.chunk_id) AS chunk_ids,
+           array_agg(written.version) AS versions,
+           EXISTS (SELECT 1 FROM charged) AS charged
+      FROM job, written GROUP BY job.job_id"""
+
+
 async def upsert_chunks(
     conn: Conn,
     org_id: str,
@@ -356,42 +402,7 @@ async def upsert_chunks(
     job from the background indexer that long: the caller indexes the chunks itself. The org
     row stays locked until commit: run it last."""
     (row,) = await conn.fetch(  # one job, one row
-        f"""WITH written AS (
-               INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,
-                                   end_sequence, text, text_search)
-               SELECT $1, $2, c.start_sequence, c.chunk_id, c.end_sequence, c.text,
-                      CASE WHEN octet_length(c.text) <= {_JOINED_FULL_TEXT_BYTES}
-                             OR (SELECT CASE WHEN bool_and(
-                                                pg_column_compression(m.text_search) IS NULL)
-                                             THEN sum(pg_column_size(m.text_search)) END
-                                   FROM messages m
-                                  WHERE m.org_id = $1 AND m.conversation_id = $2
-                                    AND m.sequence BETWEEN c.start_sequence
-                                                       AND c.end_sequence)
-                                <= {_TSVECTOR_BYTES}
-                      THEN (SELECT tsvector_agg(m.text_search ORDER BY m.sequence)
-                              FROM messages m
-                             WHERE m.org_id = $1 AND m.conversation_id = $2
-                               AND m.sequence BETWEEN c.start_sequence AND c.end_sequence)
-                      ELSE to_tsvector('english', left(c.text, {_CAPPED_FULL_TEXT_CHARS}))
-                      END
-                 FROM unnest($3::int[], $4::text[], $5::int[], $6::text[])
-                      AS c(start_sequence, chunk_id, end_sequence, text)
-               ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
-                  SET end_sequence = excluded.end_sequence, text = excluded.text,
-                      text_search = excluded.text_search, version = chunks.version + 1,
-                      embedding = NULL, -- for the previous release's pods (0010)
-                      updated_at = now()
-               RETURNING chunk_id, version),
-           job AS (
-               INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids, run_after)
-               VALUES ($1, 'upsert', $2, $4::text[], now() + make_interval(secs => $7))
-               RETURNING job_id),
-           charged AS ({_charge_sql(8)})
-           SELECT job.job_id, array_agg(written.chunk_id) AS chunk_ids,
-                  array_agg(written.version) AS versions,
-                  EXISTS (SELECT 1 FROM charged) AS charged
-             FROM job, written GROUP BY job.job_id""",
+        _UPSERT_CHUNKS,
         org_id,
         conversation_id,
         [c.start_sequence for c in chunks],

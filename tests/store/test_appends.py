@@ -4,7 +4,9 @@ windows need read after the lock when another writer changed the conversation me
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -156,3 +158,48 @@ async def test_an_append_to_a_missing_conversation_inserts_nothing(
     ours, _ = writers
     assert await ours.append("7", conversation_id="conv_missing") is None
     assert await ours.conn.fetchval("SELECT count(*) FROM messages") == 6
+
+
+async def _messages_scans(conn: asyncpg.Connection, name: str, sql: str) -> list[dict[str, Any]]:
+    """The scans of `messages` in the generic plan of `sql`, prepared as `name`."""
+    params = len((await conn.prepare(sql)).get_parameters())
+    await conn.execute(f"PREPARE {name} AS {sql}")
+    nulls = ", ".join(["NULL"] * params)
+    (plan,) = json.loads(await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({nulls})"))
+
+    def scans(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        if node.get("Relation Name") == "messages" and "Scan" in node["Node Type"]:
+            yield node
+        for child in node.get("Plans", []):
+            yield from scans(child)
+
+    return list(scans(plan["Plan"]))
+
+
+async def test_writes_read_messages_by_sequence_on_a_table_never_analyzed(
+    database_url: str,
+) -> None:
+    """Writes run on generic plans, which a connection keeps until the table is analyzed: on a
+    new database (this test's, as on a new deployment until autovacuum first analyzes it) every
+    read of messages goes through the primary key, bounded by sequence. The index on message
+    ids once led with the org, and these plans read every message of the org through it at
+    every append (0014)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        statements = {
+            "append_if_unchanged": repo._APPEND_IF_UNCHANGED,
+            "insert_and_read": repo._INSERT_AND_READ,
+            "upsert_chunks": repo._UPSERT_CHUNKS,
+        }
+        for name, sql in statements.items():
+            scans = await _messages_scans(conn, name, sql)
+            assert scans, name
+            for scan in scans:
+                assert (scan["Node Type"], scan.get("Index Name")) == (
+                    "Index Scan",
+                    "messages_pkey",
+                ), (name, scan)
+                assert "sequence" in scan["Index Cond"], (name, scan)
+    finally:
+        await conn.close()
