@@ -82,6 +82,7 @@ from report import equal_recall_ratios, plot, write
 
 from api_service import timing
 from api_service.devstack import DEV_ORG, stack_in_subprocess
+from api_service.settings import Limits
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
 from index_service.routing import routing_epoch
@@ -574,8 +575,8 @@ def main() -> None:
         "--growth-batch",
         type=int,
         default=GROWTH_BATCH,
-        help="messages a call while the org grows (the API takes up to 500; a conversation "
-        "holds about 490)",
+        help=f"messages a call while the org grows (the API takes up to "
+        f"{Limits().messages_per_append}; a conversation holds about 490)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
@@ -586,8 +587,9 @@ def main() -> None:
         "--replot", type=Path, help="only redraw the PNG of a results JSON written before"
     )
     args = parser.parse_args()
-    if not 1 <= args.growth_batch <= 500:
-        parser.error("--growth-batch must be between 1 and 500, the API's limit")
+    most = Limits().messages_per_append
+    if not 1 <= args.growth_batch <= most:
+        parser.error(f"--growth-batch must be between 1 and {most}, the API's limit")
     if args.replot:
         results = json.loads(args.replot.read_text())
         title = f"memory service vs alternatives, {results['machine']}"

@@ -307,9 +307,12 @@ async def test_conversation_text_is_compressed_with_lz4_where_the_server_has_it(
     assert (used["chunk"], used["message"]) == (expected, expected)
 
 
-WINDOW_UPSERT_PLANS = (
-    "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1"
-)
+async def window_upsert_plans(conn: asyncpg.Connection | asyncpg.Pool) -> asyncpg.Record:
+    """(generic_plans, custom_plans) of the window upsert prepared on the connection."""
+    return await conn.fetchrow(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+        repo._UPSERT_CHUNKS,
+    )
 
 
 async def test_a_write_transaction_plans_the_window_upsert_once(database_url: str) -> None:
@@ -318,13 +321,13 @@ async def test_a_write_transaction_plans_the_window_upsert_once(database_url: st
     conn = await asyncpg.connect(database_url)
     try:
         org_id, _ = await _org_with_window(conn, "plans", "v1")
-        before = await conn.fetchrow(WINDOW_UPSERT_PLANS, repo._UPSERT_CHUNKS)
+        before = await window_upsert_plans(conn)
         for version in range(2, 10):
             async with write_transaction(conn):
                 await repo.upsert_chunks(
                     conn, org_id, "conv_plans", [_window("conv_plans", f"v{version}")], FREE
                 )
-        after = await conn.fetchrow(WINDOW_UPSERT_PLANS, repo._UPSERT_CHUNKS)
+        after = await window_upsert_plans(conn)
         assert (after["generic_plans"] - before["generic_plans"], after["custom_plans"]) == (
             8,
             before["custom_plans"],
@@ -348,7 +351,7 @@ async def test_appends_and_edits_write_on_generic_plans(database_url: str) -> No
         for i in range(7):
             appended = await memory.append_messages(WHO, cid, [NewMessage("user", f"note {i}")])
         await memory.update_message(WHO, cid, appended["message_ids"][0], "note six, edited")
-        plans = await pool.fetchrow(WINDOW_UPSERT_PLANS, repo._UPSERT_CHUNKS)
+        plans = await window_upsert_plans(pool)
         assert tuple(plans) == (8, 0)
     finally:
         await pool.close()
