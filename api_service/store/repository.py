@@ -293,24 +293,28 @@ async def lock_conversation(conn: Conn, org_id: str, conversation_id: str) -> in
     return count
 
 
+# Replaces the content of message $3 and returns it with the change in bytes. The message is
+# found by its id, and its old content read by sequence in a subquery, which sees the row as
+# the statement began. The conversation is locked first (lock_conversation), so no other edit
+# runs between. Written as a join of messages to itself, a generic plan made while the table
+# was never analyzed read the conversation once for each of its messages: 1.35 s an edit in a
+# conversation of 2,000 (tests/store/test_appends.py).
+_REPLACE_CONTENT = f"""
+    UPDATE messages m SET content = $4
+     WHERE m.message_id = $3 AND m.org_id = $1 AND m.conversation_id = $2
+ RETURNING {", ".join("m." + c.strip() for c in _MESSAGE_COLUMNS.split(","))},
+           octet_length($4) - (SELECT octet_length(old.content) FROM messages old
+                                WHERE old.org_id = m.org_id
+                                  AND old.conversation_id = m.conversation_id
+                                  AND old.sequence = m.sequence) AS delta"""
+
+
 async def replace_message_content(
     conn: Conn, org_id: str, conversation_id: str, message_id: str, content: str
 ) -> tuple[Message, int] | None:
-    """Replace a message's content; return the updated message and the change in bytes."""
-    row = await conn.fetchrow(
-        f"""WITH old AS (
-                SELECT sequence, octet_length(content) AS old_bytes FROM messages
-                 WHERE org_id = $1 AND conversation_id = $2 AND message_id = $3)
-            UPDATE messages m SET content = $4
-              FROM old
-             WHERE m.org_id = $1 AND m.conversation_id = $2 AND m.sequence = old.sequence
-         RETURNING {", ".join("m." + c.strip() for c in _MESSAGE_COLUMNS.split(","))},
-                   octet_length($4) - old.old_bytes AS delta""",
-        org_id,
-        conversation_id,
-        message_id,
-        content,
-    )
+    """Replace a message's content; return the updated message and the change in bytes. Run
+    it under the conversation's lock (lock_conversation)."""
+    row = await conn.fetchrow(_REPLACE_CONTENT, org_id, conversation_id, message_id, content)
     if row is None:
         return None
     values = dict(row)

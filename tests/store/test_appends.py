@@ -127,6 +127,8 @@ async def test_an_append_that_waited_for_an_edit_reads_the_new_content(
         theirs.conn, theirs.org_id, "conv_a", message_id, "five, edited"
     )
     assert edited is not None
+    # The change in bytes is from the old content, which the statement read as it began.
+    assert (edited[0].content, edited[1]) == ("five, edited", len("five, edited") - len("5"))
     await repo.touch_conversation(theirs.conn, theirs.org_id, "conv_a", edited[1])
     waiting = asyncio.create_task(ours.append("7"))
     await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
@@ -176,14 +178,15 @@ async def _messages_scans(conn: asyncpg.Connection, name: str, sql: str) -> list
     return list(scans(plan["Plan"]))
 
 
-async def test_writes_read_messages_by_sequence_on_a_table_never_analyzed(
+async def test_writes_read_messages_by_key_on_a_table_never_analyzed(
     database_url: str,
 ) -> None:
     """Writes run on generic plans, which a connection keeps until the table is analyzed: on a
     new database (this test's, as on a new deployment until autovacuum first analyzes it) every
-    read of messages goes through the primary key, bounded by sequence. The index on message
-    ids once led with the org, and these plans read every message of the org through it at
-    every append (0014)."""
+    read of messages goes to its rows by key: by sequence in the primary key, or by id in
+    messages_id. The index on message ids once led with the org, and these plans read every
+    message of the org through it at every append (0014); an edit once joined messages to
+    itself, planned as a loop that read the conversation once for each of its messages."""
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -191,15 +194,15 @@ async def test_writes_read_messages_by_sequence_on_a_table_never_analyzed(
             "append_if_unchanged": repo._APPEND_IF_UNCHANGED,
             "insert_and_read": repo._INSERT_AND_READ,
             "upsert_chunks": repo._UPSERT_CHUNKS,
+            "replace_content": repo._REPLACE_CONTENT,
         }
+        keys = {"messages_pkey": "sequence", "messages_id": "message_id"}
         for name, sql in statements.items():
             scans = await _messages_scans(conn, name, sql)
             assert scans, name
             for scan in scans:
-                assert (scan["Node Type"], scan.get("Index Name")) == (
-                    "Index Scan",
-                    "messages_pkey",
-                ), (name, scan)
-                assert "sequence" in scan["Index Cond"], (name, scan)
+                index = scan.get("Index Name")
+                assert scan["Node Type"] == "Index Scan" and index in keys, (name, scan)
+                assert keys[index] in scan["Index Cond"], (name, scan)
     finally:
         await conn.close()
