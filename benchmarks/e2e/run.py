@@ -547,6 +547,7 @@ async def alternatives(
 
 
 def main() -> None:
+    most = Limits().messages_per_append
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("Usage:")[1],
@@ -575,8 +576,8 @@ def main() -> None:
         "--growth-batch",
         type=int,
         default=GROWTH_BATCH,
-        help=f"messages a call while the org grows (the API takes up to "
-        f"{Limits().messages_per_append}; a conversation holds about 490)",
+        help=f"messages a call while the org grows (the API takes up to {most}; a "
+        "conversation holds about 490)",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
@@ -587,7 +588,6 @@ def main() -> None:
         "--replot", type=Path, help="only redraw the PNG of a results JSON written before"
     )
     args = parser.parse_args()
-    most = Limits().messages_per_append
     if not 1 <= args.growth_batch <= most:
         parser.error(f"--growth-batch must be between 1 and {most}, the API's limit")
     if args.replot:
