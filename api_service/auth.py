@@ -49,6 +49,11 @@ class Principal:
             raise Forbidden(f"Forbidden: missing scope {scope}")
 
 
+def rest_scope(method: str) -> Scope:
+    """The scope a REST request needs: every GET reads, every other method writes."""
+    return "read" if method == "GET" else "write"
+
+
 def hash_key(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 

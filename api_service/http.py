@@ -1,11 +1,12 @@
-"""ASGI middleware for /mcp and /api/v1: body size limit, then API key authentication."""
+"""ASGI middleware for /mcp and /api/v1: API key authentication, the meter, REST scopes, then
+the body size limit."""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -28,22 +29,29 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PROTECTED_PREFIXES = ("/mcp", "/api/v1")
 
 
-async def send_error(send: Send, error: ServiceError) -> None:
+async def send_error(
+    send: Send, error: ServiceError, extra_headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
     body = json.dumps({"error": error.message, "code": error.code}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
+    headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 class GuardMiddleware:
-    """Every request to /mcp and /api/v1 passes here before a route or the MCP app sees it:
-    oversize bodies are refused (413), the API key is resolved (401/403) and the request is
-    counted by the meter. REST requests past the monthly quota get 429 here; MCP tool calls get
-    the same text as a tool error (the MCP adapter reads `rate_limited` from the request
-    state). REST responses carry the X-RateLimit headers and Server-Timing (api_service.timing)."""
+    """Every request to /mcp and /api/v1 passes here before a route or the MCP app sees it, in
+    this order: the API key is resolved (401/403) from the headers alone, the request is counted
+    by the meter, a REST request without the scope its method needs is refused (403), and an
+    oversize body (413). So a key learns nothing about a body it may not send, and every
+    authenticated request counts, refused or not. REST requests past the monthly quota get 429
+    here; MCP tool calls get the same text as a tool error, and a tool's scope is checked by
+    the MCP adapter before its arguments (it reads `principal` and `rate_limited` from the
+    request state). REST responses carry the X-RateLimit headers and Server-Timing
+    (api_service.timing)."""
 
     def __init__(
         self,
@@ -71,17 +79,6 @@ class GuardMiddleware:
         record = timing.start()
         is_rest = scope["path"].startswith("/api/v1")
         headers = dict(scope["headers"])
-        length = headers.get(b"content-length")
-        if length is None and scope["method"] in ("POST", "PUT", "PATCH"):
-            # A body without Content-Length (chunked) is read here, up to the limit.
-            buffered = await self._read_body(receive)
-            if buffered is None:
-                await send_error(send, self._too_large())
-                return
-            receive = buffered
-        elif length is not None and length.isdigit() and int(length) > self._max_body:
-            await send_error(send, self._too_large())
-            return
         client = (scope.get("client") or ("unknown", 0))[0]
         try:
             principal = await self._authenticate(headers, client)
@@ -102,6 +99,13 @@ class GuardMiddleware:
                     await send_error(send, RateLimited(admission.message(), headers_now))
                     return
                 state["rate_limited"] = admission.message()
+        try:
+            if is_rest:
+                principal.require(auth.rest_scope(scope["method"]))
+            receive = await self._limit_body(headers, scope["method"], receive)
+        except ServiceError as error:
+            await send_error(send, error, rate_headers)
+            return
 
         async def send_with_headers(message: dict[str, Any]) -> None:
             # MCP responses may start streaming before the tool is done: REST only.
@@ -144,6 +148,21 @@ class GuardMiddleware:
             raise error from None
         self._throttle.vouch(digest)
         return principal
+
+    async def _limit_body(
+        self, headers: dict[bytes, bytes], method: str, receive: Receive
+    ) -> Receive:
+        """`receive`, or one replaying the body read here; PayloadTooLarge past the limit. A
+        body without Content-Length (chunked) is read here, up to the limit."""
+        length = headers.get(b"content-length")
+        if length is None and method in ("POST", "PUT", "PATCH"):
+            buffered = await self._read_body(receive)
+            if buffered is None:
+                raise self._too_large()
+            return buffered
+        if length is not None and length.isdigit() and int(length) > self._max_body:
+            raise self._too_large()
+        return receive
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"Request body is larger than {self._max_body} bytes")

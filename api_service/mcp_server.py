@@ -15,8 +15,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 from pydantic import Field, ValidationError
 
-from api_service.auth import Principal
-from api_service.core.errors import Unauthorized, classify
+from api_service.auth import Principal, Scope
+from api_service.core.errors import ServiceError, Unauthorized, classify
 from api_service.core.inputs import MessageInput
 from api_service.core.memory import MAX_OFFSET, MemoryService
 
@@ -41,15 +41,33 @@ def _describe(exc: ValidationError) -> str:
     return "Invalid arguments: " + "; ".join(parts)
 
 
+# The scope each tool needs, checked before its arguments: a key learns nothing about the
+# arguments of a call it may not make. The core checks it again.
+TOOL_SCOPES: dict[str, Scope] = {
+    "create_conversation": "write",
+    "append_messages": "write",
+    "search": "read",
+    "get_conversation": "read",
+    "list_conversations": "read",
+    "delete_conversation": "write",
+}
+
+
 class MemoryMCP(MCPServer[Any]):
     """MCPServer whose tool failures all take the `{"error": ...}` shape."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        refused = _request_state(context).get("rate_limited") if context else None
-        if refused:
-            return error_result(refused)
+        if context is not None:
+            refused = _request_state(context).get("rate_limited")
+            if refused:
+                return error_result(refused)
+            if name in TOOL_SCOPES:
+                try:
+                    _caller(context).require(TOOL_SCOPES[name])
+                except ServiceError as exc:
+                    return error_result(exc.message)
         schema = self._tool_input_schema(name)
         if schema is not None:
             unknown = sorted(set(arguments) - set(schema.get("properties", {})))

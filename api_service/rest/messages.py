@@ -13,10 +13,13 @@ from api_service.rest.errors import ERROR_RESPONSES
 router = APIRouter(tags=["messages"], responses=ERROR_RESPONSES)
 
 
-@router.post("/messages", response_model=schemas.MessagesAppended)
+@router.post("/messages", response_model=schemas.MessagesAppended, response_model_exclude_none=True)
 async def append_messages(
     body: schemas.AppendMessagesBody, who: Caller, memory: Memory
 ) -> dict[str, Any]:
-    return await memory.append_messages(
+    appended = await memory.append_messages(
         who, body.conversation_id, [m.to_new() for m in body.messages]
     )
+    if body.conversation_id is not None:  # the caller knows it: the same body as MCP's
+        del appended["conversation_id"]
+    return appended

@@ -40,7 +40,10 @@ class ConversationCreated(BaseModel):
 class MessagesAppended(BaseModel):
     appended: int
     message_ids: list[str]
-    conversation_id: str
+    conversation_id: str | None = Field(
+        default=None,
+        description="Only when the request left conversation_id out: the default memory's id",
+    )
 
 
 class Conversation(BaseModel):

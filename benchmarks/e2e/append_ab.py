@@ -177,7 +177,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8430, help="port of the started stacks")
     parser.add_argument("--machine", default="this machine", help="names it in the plot")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    parser.add_argument("--work", type=Path, default=ROOT / "var" / "append-ab")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "var" / "append-ab",
+        help="folder for the worktrees and data, removed at the end",
+    )
     parser.add_argument("--data-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -116,7 +116,14 @@ def main() -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--chunks", type=int, default=3000, help="chunks appended each round")
-    parser.add_argument("--rounds", type=int, default=2, choices=range(1, 11), metavar="1-10")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        choices=range(1, 11),
+        metavar="1-10",
+        help="rounds of appends, the questions asked after each (default: 2)",
+    )
     parser.add_argument(
         "--embedder",
         choices=["hashing", "transformer"],
@@ -124,7 +131,12 @@ def main() -> None:
         help="the one the org was grown with",
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=ROOT / "var" / "bench-e2e",
+        help="the data folder of the grown org (run.py's)",
+    )
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
     parser.add_argument("--machine", default="x86_64 CPU", help="the machine, for the results")
     parser.add_argument("--out", default="appends-on-a-grown-org", help="results file name")

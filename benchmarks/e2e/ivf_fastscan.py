@@ -164,7 +164,13 @@ def main() -> None:
     parser = script_parser(__doc__)
     corpus_options(parser, 100_000)
     parser.add_argument("--m", type=int, nargs="+", default=[192, 384], help="sub-quantizers")
-    parser.add_argument("--rerank", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument(
+        "--rerank",
+        type=int,
+        nargs="+",
+        default=[100, 300, 1000],
+        help="candidates re-scored on float16 codes",
+    )
     args = parser.parse_args()
     questions = s150_questions(args.data)
     result: dict[str, Any] = {"size": args.size, "machine": args.machine}

@@ -54,10 +54,14 @@ def script_parser(doc: str) -> argparse.ArgumentParser:
 def corpus_options(parser: argparse.ArgumentParser, size: int) -> None:
     """The options of every script here that builds an org of the e2e corpus at one size."""
     parser.add_argument("--size", type=int, default=size, help="chunks in the org")
-    parser.add_argument("--target-recall", type=float, default=0.97)
+    parser.add_argument(
+        "--target-recall", type=float, default=0.97, help="recall@10 the IVF is calibrated to"
+    )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--machine", default="2-core x86_64 CPU")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--machine", default="2-core x86_64 CPU", help="names it in the results")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
+    )
 
 
 def save(result: dict[str, Any], path: Path, plot: Callable[[dict[str, Any], Path], None]) -> None:
@@ -187,7 +191,11 @@ def main() -> None:
     parser = script_parser(__doc__)
     corpus_options(parser, 530_000)
     parser.add_argument(
-        "--copies", nargs="+", choices=["exact", "respelt"], default=["exact", "respelt"]
+        "--copies",
+        nargs="+",
+        choices=["exact", "respelt"],
+        default=["exact", "respelt"],
+        help="how the corpus repeats its conversations: exact copies, respelt ones, or both",
     )
     args = parser.parse_args()
     questions = s150_questions(args.data)

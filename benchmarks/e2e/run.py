@@ -553,9 +553,20 @@ def main() -> None:
         epilog=__doc__.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[10_000, 100_000],
+        help="chunks the org is measured at, in growing order (default: 10000 100000)",
+    )
     parser.add_argument("--queries", type=int, default=200, help="search questions per size")
-    parser.add_argument("--embedder", choices=["hashing", "transformer"], default="hashing")
+    parser.add_argument(
+        "--embedder",
+        choices=["hashing", "transformer"],
+        default="hashing",
+        help="hashing: the service's own figures (default); transformer: the real model",
+    )
     parser.add_argument(
         "--alternatives",
         nargs="*",
@@ -581,9 +592,16 @@ def main() -> None:
     )
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--port", type=int, default=8290, help="port for the started stack")
-    parser.add_argument("--data-dir", type=Path, default=ROOT / "var" / "bench-e2e")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--machine", default=f"{platform.machine()} CPU")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=ROOT / "var" / "bench-e2e",
+        help="the stack's data folder, emptied first",
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument(
+        "--machine", default=f"{platform.machine()} CPU", help="names the machine in the results"
+    )
     parser.add_argument(
         "--replot", type=Path, help="only redraw the PNG of a results JSON written before"
     )

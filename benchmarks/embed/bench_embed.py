@@ -180,11 +180,18 @@ def main() -> None:
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="conversations .jsonl.gz")
     parser.add_argument("--texts", type=int, default=None, help="texts per measurement")
-    parser.add_argument("--texts-per-request", type=int, default=None)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=None)
+    parser.add_argument(
+        "--texts-per-request", type=int, help="texts a call (default: 64 on a GPU, 8 on a CPU)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        help="clients at once, each level timed (default: 1 4 16 64 on a GPU, 1 2 4 on a CPU)",
+    )
     parser.add_argument("--label", default=None, help="machine label for the file names")
     parser.add_argument("--note", default="", help="free text stored with the results")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = parser.parse_args()
 
     settings = EmbedSettings()

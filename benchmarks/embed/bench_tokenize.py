@@ -61,8 +61,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="conversations .jsonl.gz")
     parser.add_argument("--texts", type=int, default=6000, help="windows to tokenize")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each way")
-    parser.add_argument("--label", default=f"{os.cpu_count()}-core-{platform.machine()}-cpu")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--label",
+        default=f"{os.cpu_count()}-core-{platform.machine()}-cpu",
+        help="machine label for the file names",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = parser.parse_args()
 
     texts = windows(args.data, args.texts)

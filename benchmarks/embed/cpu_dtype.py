@@ -111,7 +111,12 @@ def draw(results: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = arguments(__doc__)
-    parser.add_argument("--conversations", type=Path, default=CONVERSATIONS)
+    parser.add_argument(
+        "--conversations",
+        type=Path,
+        default=CONVERSATIONS,
+        help="LongMemEval conversations (.jsonl.gz) the windows come from",
+    )
     parser.add_argument("--count", type=int, default=100, help="questions timed")
     parser.add_argument("--windows", type=int, default=48, help="windows embedded")
     args = parser.parse_args()

@@ -83,8 +83,10 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--machine", required=True, help="names the result files")
     parser.add_argument("--model-dir", type=Path, help="a ready model folder")
-    parser.add_argument("--questions", type=Path, default=QUESTIONS)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--questions", type=Path, default=QUESTIONS, help="LongMemEval questions (.jsonl)"
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     return parser
 
 

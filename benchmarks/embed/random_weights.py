@@ -26,9 +26,9 @@ def main() -> None:
         epilog=__doc__.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("source", type=Path)
-    parser.add_argument("target", type=Path)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("source", type=Path, help="folder with config.json and tokenizer.json")
+    parser.add_argument("target", type=Path, help="folder to write")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     args = parser.parse_args()
     from transformers import AutoConfig, AutoModel
 

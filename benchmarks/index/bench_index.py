@@ -368,7 +368,9 @@ def main() -> None:
         default=f"{platform.machine()}-{os.cpu_count()}cpu",
         help="machine name for the result files",
     )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
+    )
     parser.add_argument(
         "--replot", action="store_true", help="only redraw the PNG from the machine's JSON results"
     )

@@ -39,11 +39,15 @@ def unit(rows: np.ndarray) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="vectors")
-    parser.add_argument("--nlist", type=int, default=1024)
-    parser.add_argument("--nprobe", type=int, nargs="+", default=[24, 96, 192])
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--machine", default="2-core x86_64 CPU")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--nlist", type=int, default=1024, help="IVF lists")
+    parser.add_argument(
+        "--nprobe", type=int, nargs="+", default=[24, 96, 192], help="lists probed, each timed"
+    )
+    parser.add_argument("--queries", type=int, default=200, help="single queries timed")
+    parser.add_argument("--machine", default="2-core x86_64 CPU", help="names it in the results")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     progress(f"making {args.n:,} vectors")

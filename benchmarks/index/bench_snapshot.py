@@ -80,10 +80,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", type=int, nargs="+", default=[131_072, 524_288, 1_048_576])
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[131_072, 524_288, 1_048_576],
+        help="vectors in the org snapshotted",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="snapshots timed per size")
-    parser.add_argument("--machine", default=f"{platform.machine()}-{os.cpu_count()}-core")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--machine",
+        default=f"{platform.machine()}-{os.cpu_count()}-core",
+        help="names it in the results",
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     args = parser.parse_args()
 
     rng = np.random.default_rng(1)

@@ -33,8 +33,12 @@ def chunks_of(messages: list[dict[str, str]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--target-recall", type=float, default=0.97)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--target-recall", type=float, default=0.97, help="recall@10 the IVF is calibrated to"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results", help="results folder"
+    )
     parser.add_argument(
         "--from-database",
         metavar="URL",

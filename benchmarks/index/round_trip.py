@@ -96,8 +96,8 @@ def main() -> None:
     )
     parser.add_argument("--machine", required=True, help="names the result files")
     parser.add_argument("--calls", type=int, default=1500, help="timed calls a round")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds, each timing every server")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     args = parser.parse_args()
 
     folder = tempfile.mkdtemp(prefix="round-trip-")

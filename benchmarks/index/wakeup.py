@@ -78,7 +78,13 @@ def main() -> None:
         epilog=__doc__.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--work-ms", type=float, nargs="+", default=[0, 0.2, 0.5, 1, 3, 10])
+    parser.add_argument(
+        "--work-ms",
+        type=float,
+        nargs="+",
+        default=[0, 0.2, 0.5, 1, 3, 10],
+        help="how long the answering process spins before each answer, each timed",
+    )
     parser.add_argument("--calls", type=int, default=400, help="timed round trips each")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     parser.add_argument("--machine", default="x86_64 CPU", help="names the machine in files")

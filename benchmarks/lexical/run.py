@@ -257,7 +257,13 @@ def main() -> None:
     )
     parser.add_argument("--chunks", type=int, default=100_000, help="chunks in the org")
     parser.add_argument("--questions", type=int, default=150, help="s150 questions to ask")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[100, 200, 300, 500])
+    parser.add_argument(
+        "--budgets",
+        type=int,
+        nargs="+",
+        default=[100, 200, 300, 500],
+        help="match budgets of the org-wide plan, each timed",
+    )
     parser.add_argument(
         "--cold", action="store_true", help="also time each budget from disk (embedded server)"
     )
@@ -275,8 +281,12 @@ def main() -> None:
     )
     parser.add_argument("--label", help="results file name: lexical-LABEL.json and .png")
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument(
+        "--machine",
+        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        help="names it in the results",
+    )
     args = parser.parse_args()
     database_url = os.environ.get("DATABASE_URL")
     if database_url:

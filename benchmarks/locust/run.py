@@ -59,12 +59,25 @@ def plot(prefix: Path, title: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=20, help="simulated users per scenario")
-    parser.add_argument("--spawn-rate", type=float, default=5)
+    parser.add_argument(
+        "--spawn-rate", type=float, default=5, help="users started a second (default: 5)"
+    )
     parser.add_argument("--seconds", type=int, default=60, help="duration of each scenario")
-    parser.add_argument("--embedder", choices=["hashing", "transformer"], default="hashing")
-    parser.add_argument("--port", type=int, default=8390)
-    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--embedder",
+        choices=["hashing", "transformer"],
+        default="hashing",
+        help="hashing: the service's own figures (default); transformer: the real model",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8390, help="port of the started stack (and the next two)"
+    )
+    parser.add_argument(
+        "--scenario", choices=[*SCENARIOS, "all"], default="all", help="which to run (default: all)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=HERE / "results", help="folder for the CSV and PNG files"
+    )
     args = parser.parse_args()
     data_dir = ROOT / "var" / "bench-locust"
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="requests per variant")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     parser.add_argument("--port", type=int, default=8290, help="first of two ports")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     parser.add_argument("--machine", help="machine description for the results")
     args = parser.parse_args()
     database_url = os.environ.get("DATABASE_URL")

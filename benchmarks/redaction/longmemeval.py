@@ -25,7 +25,9 @@ DEFAULT_DATA = HERE.parents[1].parent / "shared" / "data" / "longmemeval"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LongMemEval folder")
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "longmemeval.json")
+    parser.add_argument(
+        "--out", type=Path, default=HERE / "results" / "longmemeval.json", help="results file"
+    )
     args = parser.parse_args()
     redactor = Redactor()
     report: dict[str, object] = {}

@@ -324,7 +324,13 @@ def main() -> None:
         epilog=__doc__.split("Usage:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--set", choices=["oracle", "s150"], default="oracle")
+    parser.add_argument(
+        "--set",
+        choices=["oracle", "s150"],
+        default="oracle",
+        help="oracle: 500 questions, each with only its evidence sessions (default); s150: 150 "
+        "questions, each with a haystack of about 50 sessions",
+    )
     parser.add_argument("--conversations", type=int, help="only the first N conversations")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LongMemEval folder")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")

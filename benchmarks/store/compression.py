@@ -283,8 +283,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="copies of each variant")
     parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
     parser.add_argument("--label", default="local", help="results file name: compression-LABEL")
-    parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--machine", default=f"{platform.machine()} CPU, {os.cpu_count()} cores")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument(
+        "--machine",
+        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        help="names it in the results",
+    )
     args = parser.parse_args()
     database_url = os.environ.get("DATABASE_URL")
     if database_url:

@@ -221,6 +221,48 @@ async def test_read_only_key_cannot_write(service: Service) -> None:
         assert await mcp.error("search", query="x") == "Forbidden: missing scope read"
 
 
+async def test_a_missing_scope_is_refused_before_the_input_is_read(service: Service) -> None:
+    """403 / `Forbidden: missing scope` whatever the body or arguments: a key learns nothing
+    about the input of a call it may not make, not even whether it would be valid."""
+    org_id, writer = await service.org_with_key()
+    reader = await service.key_for(org_id, ("read",))
+    write_only = await service.key_for(org_id, ("write",))
+    cid = "conv_" + "0" * 26
+    invalid_writes = [
+        ("POST", "/api/v1/conversations", {"title": 5}),
+        ("POST", "/api/v1/messages", {"messages": []}),
+        ("PATCH", f"/api/v1/conversations/{cid}/messages/msg_x", {"content": 5}),
+        ("DELETE", "/api/v1/conversations/not-an-id", None),
+    ]
+    async with service.rest(reader) as http:
+        for method, path, body in invalid_writes:
+            r = await http.request(method, path, json=body)
+            assert r.status_code == 403, (path, r.text)
+            assert r.json() == {"error": "Forbidden: missing scope write", "code": "forbidden"}
+        r = await http.post(
+            "/api/v1/messages", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
+        assert r.status_code == 403
+        r = await http.post("/api/v1/messages", content=b"x" * (5 * 1024 * 1024))
+        assert r.status_code == 403
+        r = await http.get("/api/v1/search", params={"q": "x", "limit": 0})
+        assert r.status_code == 400  # the key may search: its input is checked
+    async with service.rest(write_only) as http:
+        r = await http.get("/api/v1/search", params={"limit": "many"})
+        assert r.status_code == 403
+        assert r.json() == {"error": "Forbidden: missing scope read", "code": "forbidden"}
+    async with service.mcp(reader) as mcp:
+        assert await mcp.error("append_messages", messages=[]) == "Forbidden: missing scope write"
+        assert (
+            await mcp.error("create_conversation", title=5, unknown=1)
+            == "Forbidden: missing scope write"
+        )
+    async with service.mcp(write_only) as mcp:
+        assert await mcp.error("search", limit=0) == "Forbidden: missing scope read"
+    async with service.mcp(writer) as mcp:
+        assert (await mcp.error("search", limit=0)).startswith("Invalid arguments")
+
+
 @pytest.mark.parametrize("interface", ["rest", "mcp"])
 async def test_org_b_never_sees_org_a(service: Service, interface: str) -> None:
     _, key_a = await service.org_with_key()

@@ -151,3 +151,20 @@ async def test_conversation_limit_and_usage(service: Service) -> None:
         "conversations",
         "conversations_limit",
     }
+
+
+async def test_every_refused_request_counts(service: Service) -> None:
+    """Requests refused for their scope, their input or their size count like the rest: one
+    each, on top of the usage calls themselves."""
+    org_id, key = await service.org_with_key()
+    reader = await service.key_for(org_id, ("read",))
+    async with service.rest(key) as http:
+        before = (await http.get("/api/v1/usage")).json()["requests"]
+        r = await http.post("/api/v1/messages", content=b"x" * (5 * 1024 * 1024))
+        assert r.status_code == 413 and "x-ratelimit-remaining" in r.headers
+        assert (await http.get("/api/v1/search", params={"q": ""})).status_code == 400
+    async with service.rest(reader) as http:
+        assert (await http.post("/api/v1/conversations", json={})).status_code == 403
+    async with service.rest(key) as http:
+        after = (await http.get("/api/v1/usage")).json()["requests"]
+    assert after == before + 4  # three refused, and the second usage call

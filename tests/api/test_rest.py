@@ -63,6 +63,7 @@ async def test_create_append_get(service: Service, key: str) -> None:
         )
         assert r.status_code == 200, r.text
         body = r.json()
+        assert set(body) == {"appended", "message_ids"}  # as MCP's append_messages answers
         assert body["appended"] == 2 and len(body["message_ids"]) == 2
         assert all(m.startswith("msg_") for m in body["message_ids"])
 
@@ -199,6 +200,7 @@ async def test_default_memory(service: Service, key: str) -> None:
             "/api/v1/messages", json={"messages": [{"role": "user", "content": "and this"}]}
         )
         assert r1.status_code == r2.status_code == 200
+        assert set(r1.json()) == {"appended", "message_ids", "conversation_id"}
         cid = r1.json()["conversation_id"]
         assert cid == r2.json()["conversation_id"]
         got = (await http.get(f"/api/v1/conversations/{cid}")).json()
