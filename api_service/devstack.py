@@ -258,6 +258,17 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
+def add_embedder_option(parser: argparse.ArgumentParser) -> None:
+    """--embedder for a benchmark that starts the stack: hashing by default, so that its
+    figures are the service's own."""
+    parser.add_argument(
+        "--embedder",
+        choices=["hashing", "transformer"],
+        default="hashing",
+        help="hashing: the service's own figures (default); transformer: the real model",
+    )
+
+
 @contextlib.contextmanager
 def stack_in_subprocess(
     data_dir: Path,

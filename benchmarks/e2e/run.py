@@ -81,7 +81,7 @@ from mcp.client.streamable_http import streamable_http_client
 from report import equal_recall_ratios, plot, write
 
 from api_service import timing
-from api_service.devstack import DEV_ORG, stack_in_subprocess
+from api_service.devstack import DEV_ORG, add_embedder_option, stack_in_subprocess
 from api_service.settings import Limits
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
@@ -561,12 +561,7 @@ def main() -> None:
         help="chunks the org is measured at, in growing order (default: 10000 100000)",
     )
     parser.add_argument("--queries", type=int, default=200, help="search questions per size")
-    parser.add_argument(
-        "--embedder",
-        choices=["hashing", "transformer"],
-        default="hashing",
-        help="hashing: the service's own figures (default); transformer: the real model",
-    )
+    add_embedder_option(parser)
     parser.add_argument(
         "--alternatives",
         nargs="*",

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from api_service.devstack import stack_in_subprocess
+from api_service.devstack import add_embedder_option, stack_in_subprocess
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -63,12 +63,7 @@ def main() -> None:
         "--spawn-rate", type=float, default=5, help="users started a second (default: 5)"
     )
     parser.add_argument("--seconds", type=int, default=60, help="duration of each scenario")
-    parser.add_argument(
-        "--embedder",
-        choices=["hashing", "transformer"],
-        default="hashing",
-        help="hashing: the service's own figures (default); transformer: the real model",
-    )
+    add_embedder_option(parser)
     parser.add_argument(
         "--port", type=int, default=8390, help="port of the started stack (and the next two)"
     )
