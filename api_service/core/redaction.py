@@ -4,6 +4,12 @@ Known secret kinds are replaced by `[REDACTED:<kind>]`. Token formats come from 
 detect-secrets plugins; what they lack is added here: whole PEM private-key blocks (the plugin
 matches only the header line), current OpenAI/Anthropic-style `sk-` keys, bearer tokens,
 passwords in URLs, Luhn-valid card numbers, and, per organization, emails and phone numbers.
+
+Every pattern that RE2 can run runs on RE2, whose matching takes time linear in the text.
+Python's re backtracks: a pattern like `sk-[...]*...T3BlbkFJ` starts again at every `sk-` of
+a long run and scans to its end, and 100 KB made for it held a request's event loop for 39
+s. The few patterns RE2 refuses (look-arounds, back-references) have bounded repeats or
+start only at rare anchors; tests/unit/test_redaction.py times every rule on such input.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ahocorasick_rs import AhoCorasick
+import re2
+from ahocorasick_rs import AhoCorasick, Implementation, MatchKind
 from detect_secrets.plugins.aws import AWSKeyDetector
 from detect_secrets.plugins.base import RegexBasedDetector
 from detect_secrets.plugins.basic_auth import BasicAuthDetector
@@ -40,16 +47,35 @@ class _Rule:
     needs: tuple[str, ...] = ()
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a pattern RE2 refuses stays on re; that is no error
+
+
+def linear(pattern: str) -> Any:
+    """`pattern` compiled for RE2 (flags inline: `(?i)`, `(?s)`); re2.error where it needs
+    what RE2 lacks."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def on_re2(pattern: re.Pattern[str]) -> Any:
+    """A compiled re pattern moved to RE2 where RE2 takes it; left on re otherwise."""
+    flags = "(?i)" if pattern.flags & re.IGNORECASE else ""
+    try:
+        return linear(flags + pattern.pattern)
+    except re2.error:
+        return pattern
+
+
 def _plugin(kind: str, plugin: RegexBasedDetector, needs: tuple[str, ...], group: int = 0) -> _Rule:
     """A rule from a detect-secrets plugin's patterns, keeping the whole match (its own
     analyze_string keeps only capture groups where a pattern has them)."""
-    patterns = list(plugin.denylist)
+    patterns = [on_re2(p) for p in plugin.denylist]
     return _Rule(
         kind, lambda text: [m.group(group) for p in patterns for m in p.finditer(text)], needs
     )
 
 
-_JWT = re.compile(r"\beyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+_JWT = linear(r"\beyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
 
 
 def _jwts(text: str) -> list[str]:
@@ -58,10 +84,8 @@ def _jwts(text: str) -> list[str]:
     ]
 
 
-def _regex(
-    kind: str, pattern: str, needs: tuple[str, ...] = (), group: int = 0, flags: int = 0
-) -> _Rule:
-    compiled = re.compile(pattern, flags)
+def _regex(kind: str, pattern: str, needs: tuple[str, ...] = (), group: int = 0) -> _Rule:
+    compiled = linear(pattern)
     return _Rule(kind, lambda text: [m.group(group) for m in compiled.finditer(text)], needs)
 
 
@@ -76,7 +100,8 @@ def luhn_valid(digits: str) -> bool:
 
 
 # Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5. The first
-# digit is matched before the look-behind so that re scans only from digits (7x faster).
+# digit is matched before the look-behind so that re scans only from digits (7x faster). Its
+# back-references keep it on re; every repeat is bounded.
 _CARD = re.compile(
     r"\d(?<![\d-]\d)(?:\d{12,18}|\d{3}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{3}([ -])\d{6}\2\d{4,5})"
     r"(?![\d-])"
@@ -106,7 +131,8 @@ def _cards(text: str) -> list[str]:
 # A key pasted without its END line (cut short, or split over two messages): the header, its
 # encryption fields, and the runs of base64 after it, on their own lines or, where a chat
 # turned the newlines into spaces, on one. A run is 16 characters at least, so the words of
-# a sentence after the key are kept (the key's last line, if shorter, is too).
+# a sentence after the key are kept (the key's last line, if shorter, is too). Its look-ahead
+# keeps it on re: it starts only at a header, and each run ends at the next white space.
 _UNTERMINATED_KEY = re.compile(
     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
     r"(?:\s*(?:Proc-Type|DEK-Info): [^\n]*)*"
@@ -121,10 +147,9 @@ def _unterminated_keys(text: str) -> list[str]:
 _SECRET_RULES: tuple[_Rule, ...] = (
     _regex(
         "private_key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
+        r"(?s)-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----.*?"
         r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
         needs=("-----begin ",),
-        flags=re.DOTALL,
     ),
     _Rule("private_key", _unterminated_keys, ("-----begin ",)),
     # The plugins' needles follow their patterns (tests/unit/test_redaction.py pins them);
@@ -146,20 +171,17 @@ _SECRET_RULES: tuple[_Rule, ...] = (
     _plugin("openai_key", OpenAIDetector(), ("t3blbkfj",)),
     _regex("api_key", r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,}", ("sk-",)),
     _Rule("jwt", _jwts, ("eyj",)),
-    _regex(
-        "bearer_token",
-        r"\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)",
-        ("bearer",),
-        group=1,
-        flags=re.IGNORECASE,
-    ),
+    _regex("bearer_token", r"(?i)\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)", ("bearer",), group=1),
     _plugin("url_password", BasicAuthDetector(), ("://",), group=1),
     _Rule("card_number", _cards),
 )
 
+# Look-arounds keep the phone pattern on re; its repeats are bounded.
+_PHONE = re.compile(r"(?<![\w+])\+?\d{1,3}[ .-]?\(?\d{2,4}\)?[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)")
+
 _PII_RULES: tuple[_Rule, ...] = (
     _regex("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b", ("@",)),
-    _regex("phone", r"(?<![\w+])\+?\d{1,3}[ .-]?\(?\d{2,4}\)?[ .-]?\d{3,4}[ .-]?\d{3,4}(?!\w)"),
+    _Rule("phone", lambda text: [m.group(0) for m in _PHONE.finditer(text)]),
 )
 
 
@@ -170,6 +192,28 @@ _NEEDLES = AhoCorasick(sorted({n for rule in _SECRET_RULES + _PII_RULES for n in
 
 def _needles_in(lowered: str) -> set[str]:
     return set(_NEEDLES.find_matches_as_strings(lowered, overlapping=True))
+
+
+def _replace_all(text: str, found: Iterable[str], replacement: str) -> tuple[str, int]:
+    """`text` with every occurrence of the `found` strings replaced, the longest where they
+    overlap, in one pass; and how many distinct ones occurred. A replace and a new scan for
+    each was quadratic in their number: thousands of distinct keys fit in one message."""
+    distinct = sorted({f for f in found if f})
+    if not distinct:
+        return text, 0
+    # A contiguous NFA builds in time linear in the strings; the DFA chosen by default for
+    # a few strings built in seconds for one of 20 KB.
+    matcher = AhoCorasick(
+        distinct, matchkind=MatchKind.LeftmostLongest, implementation=Implementation.ContiguousNFA
+    )
+    parts: list[str] = []
+    last, occurred = 0, set()
+    for index, start, end in matcher.find_matches_as_indexes(text):
+        parts += (text[last:start], replacement)
+        last = end
+        occurred.add(index)
+    parts.append(text[last:])
+    return "".join(parts), len(occurred)
 
 
 @dataclass(frozen=True)
@@ -186,11 +230,10 @@ class Redactor:
         for rule in rules:
             if rule.needs and present.isdisjoint(rule.needs):
                 continue
-            for found in sorted(set(rule.find(text)), key=len, reverse=True):
-                if found and found in text:
-                    text = text.replace(found, marker(rule.kind))
-                    present = _needles_in(text.lower())
-                    kinds.append(rule.kind)
+            text, replaced = _replace_all(text, rule.find(text), marker(rule.kind))
+            if replaced:
+                present = _needles_in(text.lower())
+                kinds.extend([rule.kind] * replaced)
         return text, kinds
 
     def redact_value(self, value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import replace
 
 import pytest
@@ -238,3 +239,71 @@ def test_a_key_cut_short_is_redacted_up_to_its_last_base64_line() -> None:
     body = PEM.splitlines()[1:3]
     one_line = f"key: -----BEGIN OPENSSH PRIVATE KEY----- {body[0]} {body[1]} Thanks"
     assert Redactor().redact(one_line)[0] == "key: [REDACTED:private_key] Thanks"
+
+
+# Text made to defeat a backtracking matcher, for every rule: a secret's start repeated with
+# no end in sight, or one long run after it. (unit, tail): the unit repeated up to the size.
+HOSTILE = [
+    ("sk-", "T3BlbkFJ"),  # the OpenAI pattern restarted at every `sk-` (39 s at 100 KB on re)
+    ("sk-a-", ""),
+    ("eyJ-", ""),  # a JWT's first part, never a dot (7.9 s)
+    ("eyJa.", "'"),
+    ("-----BEGIN RSA PRIVATE KEY-----\n", ""),  # no END line (3.5 s)
+    ("-----BEGIN PRIVATE KEY-----\nAAAAAAAAAAAAAAA ", "!"),
+    ("a.", ""),  # an email's domain after one @ (24 s): see _hostile
+    ("%1", "@"),  # its local part
+    ("glagent-", "x"),
+    ("GR1348941-", "x"),
+    ("xoxb-1-", ""),
+    ("https://hooks.slack.com/services/T", ""),
+    ("://a:", ""),
+    ("Bearer ", "x"),
+    ("aws key '", ""),
+    ("github_pat_", ""),
+    ("ghp_", ""),
+    ("sk_live_", ""),
+    ("4", "-"),
+    ("4 ", ""),
+    ("+1 (", ""),
+]
+MAX_CONTENT = 100_000  # characters: the API's content limit
+
+
+def _hostile(unit: str, tail: str) -> str:
+    head = "@" if unit == "a." else ""
+    body = unit * (MAX_CONTENT // len(unit))
+    return (head + body)[: MAX_CONTENT - len(tail)] + tail
+
+
+@pytest.mark.parametrize(("unit", "tail"), HOSTILE)
+def test_hostile_text_is_redacted_in_time_linear_in_its_length(unit: str, tail: str) -> None:
+    """Redaction runs on the API's event loop: text at the content limit must not hold it for
+    seconds. Linear matching takes 1-100 ms here; the backtracking patterns these cases were
+    written for took 3.5-39 s."""
+    text = _hostile(unit, tail)
+    started = time.perf_counter()
+    Redactor(pii=True).redact(text)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_thousands_of_distinct_secrets_are_replaced_in_one_pass() -> None:
+    keys = [f"AKIA{i:016d}" for i in range(MAX_CONTENT // 21)]
+    started = time.perf_counter()
+    redacted, kinds = Redactor().redact(" ".join(keys))
+    assert time.perf_counter() - started < 1.0  # 2.8 s with a replace and a scan for each
+    assert redacted == " ".join(["[REDACTED:aws_key]"] * len(keys))
+    assert kinds == ["aws_key"] * len(keys)
+
+
+def test_only_the_reviewed_patterns_stay_on_a_backtracking_matcher() -> None:
+    """RE2 refuses look-arounds; the plugin patterns left on re for that are GitLab's, whose
+    repeats are bounded. A detect-secrets upgrade that adds another must be read first."""
+    plugins = [AWSKeyDetector, BasicAuthDetector, GitHubTokenDetector, GitLabTokenDetector]
+    plugins += [OpenAIDetector, SlackDetector, StripeDetector]
+    on_re = [
+        p.pattern
+        for plugin in plugins
+        for p in plugin().denylist
+        if isinstance(redaction.on_re2(p), re.Pattern)
+    ]
+    assert on_re == PLUGIN_PATTERNS["gitlab_token"]
