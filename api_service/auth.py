@@ -12,8 +12,8 @@ import hmac
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -224,7 +224,10 @@ class FailedAuthThrottle:
     `window_seconds` has only known keys looked up until the oldest failure leaves the
     window; the middleware answers the others 401 with Retry-After. A key is known once it
     has authenticated (the last `max_known` of them, by digest): a client guessing keys
-    behind a shared address does not lock out those already using theirs."""
+    behind a shared address does not lock out those already using theirs. Each unknown key
+    being looked up counts as a failure while its lookup runs, so that concurrent guesses
+    cannot all pass the check before the first of them has failed; requests with the same
+    key count once (a client's first burst with its own key)."""
 
     def __init__(
         self,
@@ -237,6 +240,8 @@ class FailedAuthThrottle:
         self._window = window_seconds
         self._clock = clock
         self._failures: dict[str, deque[float]] = {}
+        # Lookups of unknown keys under way: client -> digest -> requests waiting on it.
+        self._pending: dict[str, Counter[bytes]] = {}
         self._known: OrderedDict[bytes, None] = OrderedDict()
         self._max_known = max_known
 
@@ -253,18 +258,30 @@ class FailedAuthThrottle:
 
     def retry_after(self, client: str) -> float:
         """Seconds until `client` may try again; 0 when it may now."""
-        failures = self._failures.get(client)
-        if not failures:
-            return 0.0
+        failures = self._failures.get(client, deque())
         now = self._clock()
         while failures and failures[0] <= now - self._window:
             failures.popleft()
         if not failures:
-            del self._failures[client]
+            self._failures.pop(client, None)
+        if len(failures) + len(self._pending.get(client, ())) < self._max:
             return 0.0
-        if len(failures) < self._max:
-            return 0.0
-        return failures[0] + self._window - now
+        # Only lookups under way: they end within a second or so, and failures then count.
+        return failures[0] + self._window - now if failures else 1.0
+
+    @contextlib.contextmanager
+    def looking_up(self, client: str, digest: bytes) -> Iterator[None]:
+        """Count the unknown key of `digest` from `client` as a failure while it is looked up."""
+        pending = self._pending.setdefault(client, Counter())
+        pending[digest] += 1
+        try:
+            yield
+        finally:
+            pending[digest] -= 1
+            if not pending[digest]:
+                del pending[digest]
+            if not pending:
+                self._pending.pop(client, None)
 
     def failed(self, client: str) -> None:
         self._failures.setdefault(client, deque()).append(self._clock())

@@ -3,6 +3,7 @@ the body size limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -126,13 +127,18 @@ class GuardMiddleware:
         try:
             with timing.part("auth"):
                 digest = auth.hash_key(auth.bearer_token(authorization))
-                principal = await auth.resolve(
-                    self._pool_of(),
-                    digest,
-                    self._default_plan,
-                    cache=self._key_cache,
-                    lookup=wait <= 0 or self._throttle.knows(digest),
+                known = self._throttle.knows(digest)
+                counted = (
+                    contextlib.nullcontext() if known else self._throttle.looking_up(client, digest)
                 )
+                with counted:
+                    principal = await auth.resolve(
+                        self._pool_of(),
+                        digest,
+                        self._default_plan,
+                        cache=self._key_cache,
+                        lookup=wait <= 0 or known,
+                    )
         except Exception as exc:
             error = classify(exc)
             if not isinstance(error, Unauthorized):

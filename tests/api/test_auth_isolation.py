@@ -349,3 +349,22 @@ async def test_failed_authentication_is_throttled_per_client(database_url: str) 
             r = await http.get("/api/v1/usage", headers={"Authorization": f"Bearer {unused}"})
             assert r.status_code == 401 and "Retry-After" in r.headers  # not looked up
             assert await status(known) == 200
+
+
+async def test_concurrent_guesses_are_throttled_like_sequential_ones(database_url: str) -> None:
+    """Guesses sent at once are looked up no more than the limit allows, while a burst of
+    requests with one valid key, new to the process, all pass."""
+    async with running_service(database_url, auth_failures_per_minute=3) as service:
+        _, fresh = await service.org_with_key()
+        async with httpx.AsyncClient(base_url=service.base_url, timeout=30) as http:
+
+            async def get(key: str) -> httpx.Response:
+                headers = {"Authorization": f"Bearer {key}"}
+                return await http.get("/api/v1/usage", headers=headers)
+
+            burst = await asyncio.gather(*(get(fresh) for _ in range(20)))
+            assert [r.status_code for r in burst] == [200] * 20
+            guesses = await asyncio.gather(*(get(f"cmk_guess{i}") for i in range(40)))
+            assert {r.status_code for r in guesses} == {401}
+            looked_up = [r for r in guesses if "Retry-After" not in r.headers]
+            assert 1 <= len(looked_up) <= 3, len(looked_up)
