@@ -44,8 +44,8 @@ service's own; `--embedder transformer` runs the real model. Writes results/<lab
 latency in the order taken, to read a tail from (early calls, or spread).
 
 `own`: the time the request would take if embedding took none, from its Server-Timing parts
-(see without_embedding). The embedding runs beside other work, so subtracting its whole call
-would flatter the service.
+(see own_time.without_embedding). The embedding runs beside other work, so subtracting its
+whole call would flatter the service.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from corpus import conversations
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from own_time import without_embedding
 from report import equal_recall_ratios, plot, write
 
 from api_service import timing
@@ -164,20 +165,6 @@ class Growth:
             "growth_messages_per_s": (self.messages - start_messages) / seconds,
             "growth_chunks_per_s": (self.chunks - start_chunks) / seconds,
         }
-
-
-def without_embedding(parts: dict[str, float]) -> float:
-    """A request's Server-Timing total, in milliseconds, less the time the embedding held up
-    its answer.
-
-    An append embeds during its transaction; `embed_wait` is what was left after the commit.
-    A hybrid search embeds the query and searches the shard while PostgreSQL ranks the full
-    text: that stage takes max(embed + index, lexical), and would take max(index, lexical)
-    without the embedding (a vector-only search has no lexical part: the whole embed)."""
-    if "embed_wait" in parts:
-        return parts["total"] - parts["embed_wait"]
-    embed, index, lexical = (parts.get(name, 0.0) for name in ("embed", "index", "lexical"))
-    return parts["total"] - (max(embed + index, lexical) - max(index, lexical))
 
 
 def samples_ms(times: list[float]) -> list[float]:
