@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import asyncpg
 
+from api_service.core.redaction import Redactor
 from tests.api.harness import Service
 
 SECRET = "sk_live_4eC39HqLyjWDarjtT1zdp7dc"
@@ -88,3 +92,35 @@ async def test_conversation_title_and_metadata_are_redacted(service: Service, ke
         assert leaked == 0
     finally:
         await conn.close()
+
+
+async def test_the_event_loop_keeps_turning_while_a_large_append_is_redacted(
+    service: Service, key: str
+) -> None:
+    """Text made to be slow to redact (a JWT's shape over and over: every match is checked)
+    fills the body, and its redaction takes seconds. It runs on a worker thread, so the event
+    loop serves other requests meanwhile. The service shares this test's loop: a loop held
+    by the redaction shows as a long gap between a sleeper's wake-ups."""
+    hostile = ("eyJa." * 20_000)[:100_000]
+    messages = [{"role": "user", "content": hostile}] * 38  # just under the 4 MiB body limit
+    gaps: list[float] = []
+
+    async def sleeper() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with service.rest(key) as http:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        watch = asyncio.create_task(sleeper())
+        r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": messages})
+        watch.cancel()
+        assert r.status_code == 200
+    t0 = time.perf_counter()
+    Redactor().redact(hostile)
+    redaction = (time.perf_counter() - t0) * len(messages)
+    assert redaction > 0.5, "the text is too quick to redact here to tell"
+    assert max(gaps) < redaction / 4, (max(gaps), redaction)
