@@ -39,11 +39,11 @@ MAX_OFFSET = 1_000_000_000
 
 # Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
 RRF_K = 60
-# Redaction of more characters than this runs on a worker thread: RE2 lets go of the GIL while
-# it matches, so the event loop serves other requests meanwhile (4 MiB of text made to be slow
-# takes seconds). Below it the hop would cost more than it saves (ordinary text: about 18 µs
-# a KB).
-REDACT_INLINE_CHARS = 16_384
+# Redaction of more than this (bytes of text, and of metadata as JSON) runs on a worker thread:
+# RE2 lets go of the GIL while it matches, so the event loop serves other requests meanwhile
+# (4 MiB made to be slow takes seconds). Below it the hop would cost more than it saves
+# (ordinary text: about 18 µs a KB).
+REDACT_INLINE_BYTES = 16_384
 
 
 class MemoryService:
@@ -112,7 +112,7 @@ class MemoryService:
         validated = validation.messages(messages, self._limits)
         items = await _off_loop_if_large(
             functools.partial(_redacted, Redactor(pii=who.redact_pii), validated),
-            sum(len(m.content) for m in validated),
+            sum(validation.stored_bytes(m.content, m.metadata) for m in validated),
         )
         added_bytes = sum(
             validation.stored_bytes(m.content, m.tool_call_id, m.tool_name, m.metadata)
@@ -171,7 +171,7 @@ class MemoryService:
             raise NotFound("Message not found")
         validation.text("content", content, self._limits.content_chars, required=True)
         redact = functools.partial(Redactor(pii=who.redact_pii).redact, content)
-        content = (await _off_loop_if_large(redact, len(content)))[0]
+        content = (await _off_loop_if_large(redact, validation.stored_bytes(content)))[0]
         async with (
             self._embedding_ahead() as ahead,
             self._pool.acquire() as conn,
@@ -428,10 +428,9 @@ class MemoryService:
 T = TypeVar("T")
 
 
-async def _off_loop_if_large(work: Callable[[], T], chars: int) -> T:
-    """`work()`, the redaction of `chars` characters, on a worker thread past
-    REDACT_INLINE_CHARS."""
-    if chars > REDACT_INLINE_CHARS:
+async def _off_loop_if_large(work: Callable[[], T], size: int) -> T:
+    """`work()`, the redaction of `size` bytes, on a worker thread past REDACT_INLINE_BYTES."""
+    if size > REDACT_INLINE_BYTES:
         return await asyncio.to_thread(work)
     return work()
 

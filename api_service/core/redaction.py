@@ -39,7 +39,8 @@ def marker(kind: str) -> str:
 @dataclass(frozen=True)
 class _Rule:
     kind: str
-    find: Callable[[str], Iterable[str]]
+    # (start, end) of each finding in the text
+    spans: Callable[[str], Iterable[tuple[int, int]]]
     # Lower-case strings one of which every match holds: the rule is skipped on text (lower-
     # cased) that holds none. Most text holds none, and a regex scan costs microseconds per KB.
     # A case-blind pattern's needles avoid i, k and s: re's IGNORECASE also matches them to
@@ -58,12 +59,21 @@ def linear(pattern: str) -> Any:
 
 
 def on_re2(pattern: re.Pattern[str]) -> Any:
-    """A compiled re pattern moved to RE2 where RE2 takes it; left on re otherwise."""
-    flags = "(?i)" if pattern.flags & re.IGNORECASE else ""
+    """A compiled re pattern moved to RE2 where RE2 takes it and its flags mean the same there;
+    left on re otherwise."""
+    flags = pattern.flags & ~re.UNICODE
+    if flags & re.VERBOSE and not re.search(r"[\s#]", pattern.pattern):
+        flags &= ~re.VERBOSE  # nothing in the pattern for it to change
+    if flags & ~re.IGNORECASE:
+        return pattern
     try:
-        return linear(flags + pattern.pattern)
+        return linear(("(?i)" if flags else "") + pattern.pattern)
     except re2.error:
         return pattern
+
+
+def _match_spans(pattern: Any, text: str, group: int = 0) -> list[tuple[int, int]]:
+    return [m.span(group) for m in pattern.finditer(text)]
 
 
 def _plugin(kind: str, plugin: RegexBasedDetector, needs: tuple[str, ...], group: int = 0) -> _Rule:
@@ -71,22 +81,25 @@ def _plugin(kind: str, plugin: RegexBasedDetector, needs: tuple[str, ...], group
     analyze_string keeps only capture groups where a pattern has them)."""
     patterns = [on_re2(p) for p in plugin.denylist]
     return _Rule(
-        kind, lambda text: [m.group(group) for p in patterns for m in p.finditer(text)], needs
+        kind, lambda text: [s for p in patterns for s in _match_spans(p, text, group)], needs
     )
 
 
-_JWT = linear(r"\beyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+# Where re's \b starts a match: RE2's \b knows only ASCII letters, and would start one inside
+# a word after a letter such as ń. The character before is matched, the token is group 1.
+_WORD_START = r"(?:^|[^\p{L}\p{N}_])"
+_JWT = linear(_WORD_START + r"(eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*)")
 
 
-def _jwts(text: str) -> list[str]:
+def _jwts(text: str) -> list[tuple[int, int]]:
     return [
-        m.group(0) for m in _JWT.finditer(text) if JwtTokenDetector.is_formally_valid(m.group(0))
+        m.span(1) for m in _JWT.finditer(text) if JwtTokenDetector.is_formally_valid(m.group(1))
     ]
 
 
 def _regex(kind: str, pattern: str, needs: tuple[str, ...] = (), group: int = 0) -> _Rule:
     compiled = linear(pattern)
-    return _Rule(kind, lambda text: [m.group(group) for m in compiled.finditer(text)], needs)
+    return _Rule(kind, lambda text: _match_spans(compiled, text, group), needs)
 
 
 def luhn_valid(digits: str) -> bool:
@@ -112,7 +125,7 @@ _ASCII_DIGITS = b"0123456789"
 _CARD_DIGITS = 13  # the fewest a card number has
 
 
-def _cards(text: str) -> list[str]:
+def _cards(text: str) -> list[tuple[int, int]]:
     # Most text holds fewer digits than a card: they are counted at C speed, where the pattern
     # costs microseconds per KB. Only in ASCII text: \d also matches other scripts' digits.
     if text.isascii():
@@ -124,7 +137,7 @@ def _cards(text: str) -> list[str]:
         digits = re.sub(r"[ -]", "", match.group(0))
         # Issuer prefixes: Visa 4, Mastercard 2/5, Amex 3, Discover/UnionPay 6.
         if _CARD_DIGITS <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits):
-            found.append(match.group(0))
+            found.append(match.span())
     return found
 
 
@@ -140,9 +153,13 @@ _UNTERMINATED_KEY = re.compile(
 )
 
 
-def _unterminated_keys(text: str) -> list[str]:
-    return [m.group(0) for m in _UNTERMINATED_KEY.finditer(text)]
+def _unterminated_keys(text: str) -> list[tuple[int, int]]:
+    return _match_spans(_UNTERMINATED_KEY, text)
 
+
+# What re's \s+ matches (str.isspace()): RE2's \s is ASCII white space alone, and a token
+# pasted after a no-break space would pass.
+_SPACES = r"[\s\p{Z}\x0b\x1c-\x1f\x85]+"
 
 _SECRET_RULES: tuple[_Rule, ...] = (
     _regex(
@@ -169,9 +186,11 @@ _SECRET_RULES: tuple[_Rule, ...] = (
     _plugin("stripe_key", StripeDetector(), ("k_live_",)),
     _regex("stripe_key", r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,99}", ("k_live_", "k_test_")),
     _plugin("openai_key", OpenAIDetector(), ("t3blbkfj",)),
-    _regex("api_key", r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,}", ("sk-",)),
+    _regex("api_key", _WORD_START + r"(sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,})", ("sk-",), 1),
     _Rule("jwt", _jwts, ("eyj",)),
-    _regex("bearer_token", r"(?i)\bBearer\s+([A-Za-z0-9._~+/-]{16,}=*)", ("bearer",), group=1),
+    _regex(
+        "bearer_token", r"(?i)\bBearer" + _SPACES + r"([A-Za-z0-9._~+/-]{16,}=*)", ("bearer",), 1
+    ),
     _plugin("url_password", BasicAuthDetector(), ("://",), group=1),
     _Rule("card_number", _cards),
 )
@@ -181,7 +200,7 @@ _PHONE = re.compile(r"(?<![\w+])\+?\d{1,3}[ .-]?\(?\d{2,4}\)?[ .-]?\d{3,4}[ .-]?
 
 _PII_RULES: tuple[_Rule, ...] = (
     _regex("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b", ("@",)),
-    _Rule("phone", lambda text: [m.group(0) for m in _PHONE.finditer(text)]),
+    _Rule("phone", lambda text: _match_spans(_PHONE, text)),
 )
 
 
@@ -194,26 +213,40 @@ def _needles_in(lowered: str) -> set[str]:
     return set(_NEEDLES.find_matches_as_strings(lowered, overlapping=True))
 
 
-def _replace_all(text: str, found: Iterable[str], replacement: str) -> tuple[str, int]:
-    """`text` with every occurrence of the `found` strings replaced, the longest where they
-    overlap, in one pass; and how many distinct ones occurred. A replace and a new scan for
-    each was quadratic in their number: thousands of distinct keys fit in one message."""
-    distinct = sorted({f for f in found if f})
-    if not distinct:
+def _replace_spans(text: str, spans: Iterable[tuple[int, int]], kind: str) -> tuple[str, int]:
+    """`text` with every finding replaced by the kind's marker, and how many distinct ones
+    there were. Each finding is replaced where the rule found it and wherever else its text
+    occurs; findings that overlap become one marker, so no part of either is left. One pass
+    (Aho-Corasick for the other occurrences): a replace and a new scan for each was quadratic
+    in their number, and thousands of distinct keys fit in one message."""
+    found = [(a, b) for a, b in spans if 0 <= a < b]
+    if not found:
         return text, 0
+    distinct = sorted({text[a:b] for a, b in found})
     # A contiguous NFA builds in time linear in the strings; the DFA chosen by default for
     # a few strings built in seconds for one of 20 KB.
     matcher = AhoCorasick(
         distinct, matchkind=MatchKind.LeftmostLongest, implementation=Implementation.ContiguousNFA
     )
+    found += [(a, b) for _, a, b in matcher.find_matches_as_indexes(text)]
     parts: list[str] = []
-    last, occurred = 0, set()
-    for index, start, end in matcher.find_matches_as_indexes(text):
-        parts += (text[last:start], replacement)
-        last = end
-        occurred.add(index)
+    last = 0
+    for a, b in _merged(found):
+        parts += (text[last:a], marker(kind))
+        last = b
     parts.append(text[last:])
-    return "".join(parts), len(occurred)
+    return "".join(parts), len(distinct)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping spans joined, in order."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 @dataclass(frozen=True)
@@ -230,7 +263,7 @@ class Redactor:
         for rule in rules:
             if rule.needs and present.isdisjoint(rule.needs):
                 continue
-            text, replaced = _replace_all(text, rule.find(text), marker(rule.kind))
+            text, replaced = _replace_spans(text, rule.spans(text), rule.kind)
             if replaced:
                 present = _needles_in(text.lower())
                 kinds.extend([rule.kind] * replaced)

@@ -307,3 +307,34 @@ def test_only_the_reviewed_patterns_stay_on_a_backtracking_matcher() -> None:
         if isinstance(redaction.on_re2(p), re.Pattern)
     ]
     assert on_re == PLUGIN_PATTERNS["gitlab_token"]
+
+
+@pytest.mark.parametrize("space", [" ", "\t", "\u00a0", "\u2003", "\u3000", "\x0b", "\x85"])
+def test_a_bearer_token_after_any_white_space_is_redacted(space: str) -> None:
+    token = "abcdefghijklmnopqrstuvwxyz0123"
+    redacted, kinds = Redactor().redact(f"Authorization: Bearer{space}{token}")
+    assert token not in redacted and kinds == ["bearer_token"]
+
+
+def test_findings_that_overlap_leave_nothing_of_either() -> None:
+    """An AWS key id run into the name of a secret access key: both findings go whole."""
+    secret = "a" * 38 + "Zz"
+    redacted, _ = Redactor().redact(f"AKIA1234567890123AWS_KEY='{secret}'")
+    assert secret not in redacted and "AKIA" not in redacted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Trasa Gdańsk-Wrzeszcz-Oliwa-Przymorze-Zaspa",  # `sk-` inside a word, after ń
+        "Gdań" + JWT,  # a JWT's `eyJ` right after ń
+    ],
+)
+def test_a_token_does_not_start_inside_a_word(text: str) -> None:
+    assert Redactor().redact(text) == (text, [])
+
+
+def test_a_token_starts_after_any_character_that_is_not_a_words() -> None:
+    key = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z-Q7r"
+    for before in ("", " ", "=", "\u00a0", "«", "-"):
+        assert Redactor().redact(before + key)[0] == before + "[REDACTED:api_key]"
