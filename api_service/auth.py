@@ -224,10 +224,11 @@ class FailedAuthThrottle:
     `window_seconds` has only known keys looked up until the oldest failure leaves the
     window; the middleware answers the others 401 with Retry-After. A key is known once it
     has authenticated (the last `max_known` of them, by digest): a client guessing keys
-    behind a shared address does not lock out those already using theirs. Each unknown key
-    being looked up counts as a failure while its lookup runs, so that concurrent guesses
-    cannot all pass the check before the first of them has failed; requests with the same
-    key count once (a client's first burst with its own key)."""
+    behind a shared address does not lock out those already using theirs. Unknown keys being
+    looked up count toward the limit too, so that concurrent guesses cannot all pass the check
+    before the first of them has failed: where they alone reach it, the next unknown key waits
+    for one of their lookups to end (they may be valid keys, a gateway's clients, say), and a
+    request whose key is already being looked up goes ahead."""
 
     def __init__(
         self,
@@ -242,6 +243,7 @@ class FailedAuthThrottle:
         self._failures: dict[str, deque[float]] = {}
         # Lookups of unknown keys under way: client -> digest -> requests waiting on it.
         self._pending: dict[str, Counter[bytes]] = {}
+        self._lookup_ended = asyncio.Event()  # set, then replaced, as each lookup ends
         self._known: OrderedDict[bytes, None] = OrderedDict()
         self._max_known = max_known
 
@@ -257,17 +259,31 @@ class FailedAuthThrottle:
             self._known.popitem(last=False)
 
     def retry_after(self, client: str) -> float:
-        """Seconds until `client` may try again; 0 when it may now."""
+        """Seconds until `client`'s failures let it try again; 0 when they do now."""
+        failures = self._recent_failures(client)
+        if len(failures) < self._max:
+            return 0.0
+        return failures[0] + self._window - self._clock()
+
+    async def turn(self, client: str, digest: bytes) -> float:
+        """Seconds `client` must wait before its unknown key of `digest` may be looked up; 0:
+        now. While lookups under way alone make up the limit, waits for one to end."""
+        while True:
+            wait = self.retry_after(client)
+            pending = self._pending.get(client, Counter[bytes]())
+            if wait > 0 or digest in pending:
+                return wait
+            if len(self._recent_failures(client)) + len(pending) < self._max:
+                return 0.0
+            await self._lookup_ended.wait()
+
+    def _recent_failures(self, client: str) -> deque[float]:
         failures = self._failures.get(client, deque())
-        now = self._clock()
-        while failures and failures[0] <= now - self._window:
+        while failures and failures[0] <= self._clock() - self._window:
             failures.popleft()
         if not failures:
             self._failures.pop(client, None)
-        if len(failures) + len(self._pending.get(client, ())) < self._max:
-            return 0.0
-        # Only lookups under way: they end within a second or so, and failures then count.
-        return failures[0] + self._window - now if failures else 1.0
+        return failures
 
     @contextlib.contextmanager
     def looking_up(self, client: str, digest: bytes) -> Iterator[None]:
@@ -282,6 +298,8 @@ class FailedAuthThrottle:
                 del pending[digest]
             if not pending:
                 self._pending.pop(client, None)
+            self._lookup_ended.set()
+            self._lookup_ended = asyncio.Event()
 
     def failed(self, client: str) -> None:
         self._failures.setdefault(client, deque()).append(self._clock())

@@ -128,8 +128,13 @@ class GuardMiddleware:
             with timing.part("auth"):
                 digest = auth.hash_key(auth.bearer_token(authorization))
                 known = self._throttle.knows(digest)
+                if not known and wait <= 0:
+                    wait = await self._throttle.turn(client, digest)
+                lookup = known or wait <= 0
                 counted = (
-                    contextlib.nullcontext() if known else self._throttle.looking_up(client, digest)
+                    self._throttle.looking_up(client, digest)
+                    if lookup and not known
+                    else contextlib.nullcontext()
                 )
                 with counted:
                     principal = await auth.resolve(
@@ -137,7 +142,7 @@ class GuardMiddleware:
                         digest,
                         self._default_plan,
                         cache=self._key_cache,
-                        lookup=wait <= 0 or known,
+                        lookup=lookup,
                     )
         except Exception as exc:
             error = classify(exc)

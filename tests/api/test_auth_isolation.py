@@ -353,7 +353,8 @@ async def test_failed_authentication_is_throttled_per_client(database_url: str) 
 
 async def test_concurrent_guesses_are_throttled_like_sequential_ones(database_url: str) -> None:
     """Guesses sent at once are looked up no more than the limit allows, while a burst of
-    requests with one valid key, new to the process, all pass."""
+    requests with one valid key, new to the process, all pass, and so do more distinct valid
+    keys at once than the limit (they wait their turn)."""
     async with running_service(database_url, auth_failures_per_minute=3) as service:
         _, fresh = await service.org_with_key()
         async with httpx.AsyncClient(base_url=service.base_url, timeout=30) as http:
@@ -364,6 +365,9 @@ async def test_concurrent_guesses_are_throttled_like_sequential_ones(database_ur
 
             burst = await asyncio.gather(*(get(fresh) for _ in range(20)))
             assert [r.status_code for r in burst] == [200] * 20
+            others = [(await service.org_with_key())[1] for _ in range(40)]
+            at_once = await asyncio.gather(*(get(k) for k in others))  # a gateway's clients
+            assert [r.status_code for r in at_once] == [200] * 40
             guesses = await asyncio.gather(*(get(f"cmk_guess{i}") for i in range(40)))
             assert {r.status_code for r in guesses} == {401}
             looked_up = [r for r in guesses if "Retry-After" not in r.headers]

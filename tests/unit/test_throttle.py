@@ -1,3 +1,5 @@
+import asyncio
+
 from api_service.auth import FailedAuthThrottle
 
 
@@ -21,15 +23,26 @@ def test_known_keys_are_the_latest_that_authenticated() -> None:
     assert [throttle.knows(d) for d in (b"a", b"b", b"c")] == [True, False, True]
 
 
-def test_unknown_keys_being_looked_up_count_as_failures() -> None:
+async def test_unknown_keys_being_looked_up_count_toward_the_limit() -> None:
     throttle = FailedAuthThrottle(max_failures=2, window_seconds=10, clock=lambda: 0.0)
-    with throttle.looking_up("a", b"k1"), throttle.looking_up("a", b"k1"):
-        assert throttle.retry_after("a") == 0  # one key, however many requests carry it
+    with throttle.looking_up("a", b"k1"):
+        assert await throttle.turn("a", b"k2") == 0  # one lookup under way, one more allowed
         with throttle.looking_up("a", b"k2"):
-            assert throttle.retry_after("a") == 1.0  # two guesses in flight: the limit
-            assert throttle.retry_after("b") == 0
-        assert throttle.retry_after("a") == 0
+            assert await throttle.turn("a", b"k1") == 0  # its own key is being looked up
+            assert await throttle.turn("b", b"k3") == 0  # per client
+            third = asyncio.create_task(throttle.turn("a", b"k3"))
+            await asyncio.sleep(0.01)
+            assert not third.done()  # the two lookups under way make up the limit
+        assert await asyncio.wait_for(third, 1) == 0  # k2's lookup ended: it was a valid key
     throttle.failed("a")
-    with throttle.looking_up("a", b"k3"):
-        assert throttle.retry_after("a") == 10.0  # the failure's window
-    assert throttle.retry_after("a") == 0
+    throttle.failed("a")
+    assert await throttle.turn("a", b"k4") == 10.0  # two failures: the window
+
+
+async def test_a_waiting_key_is_refused_once_the_lookups_before_it_failed() -> None:
+    throttle = FailedAuthThrottle(max_failures=1, window_seconds=10, clock=lambda: 0.0)
+    with throttle.looking_up("a", b"guess"):
+        waiting = asyncio.create_task(throttle.turn("a", b"next"))
+        await asyncio.sleep(0.01)
+    throttle.failed("a")  # as the middleware records it: after the lookup, before it yields
+    assert await asyncio.wait_for(waiting, 1) == 10.0
