@@ -50,8 +50,8 @@ class Principal:
 
 
 def rest_scope(method: str) -> Scope:
-    """The scope a REST request needs: every GET reads, every other method writes."""
-    return "read" if method == "GET" else "write"
+    """The scope a REST request needs: GET and HEAD read, every other method writes."""
+    return "read" if method in ("GET", "HEAD") else "write"
 
 
 def hash_key(key: str) -> bytes:

@@ -11,6 +11,7 @@ from api_service.contract import (
     live_mcp_tools,
     live_openapi,
 )
+from api_service.mcp_server import TOOL_SCOPES
 
 ROOT = Path(__file__).resolve().parents[2]
 REGENERATE = "run: python -m api_service.contract"
@@ -38,6 +39,7 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
         "delete_conversation": ({"conversation_id"}, {"conversation_id"}),
     }
     assert set(tools) == set(expected)
+    assert set(TOOL_SCOPES) == set(expected)  # each tool's scope is checked before its input
     for name, (params, required) in expected.items():
         assert set(tools[name]["properties"]) == params, name
         assert set(tools[name].get("required", [])) == required, name
