@@ -270,10 +270,10 @@ class FailedAuthThrottle:
         now. While lookups under way alone make up the limit, waits for one to end."""
         while True:
             wait = self.retry_after(client)
-            pending = self._pending.get(client, Counter[bytes]())
-            if wait > 0 or digest in pending:
+            if wait > 0:
                 return wait
-            if len(self._recent_failures(client)) + len(pending) < self._max:
+            pending = self._pending.get(client, Counter[bytes]())
+            if digest in pending or len(self._failures.get(client, ())) + len(pending) < self._max:
                 return 0.0
             await self._lookup_ended.wait()
 
