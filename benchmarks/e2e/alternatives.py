@@ -8,9 +8,10 @@ search needs stored. Both are searched by vector alone.
 Each gets the same chunks, vectors and queries as the service, is loaded the way a live system
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
 from as many connections as the service has clients, Chroma's embedded client from one), and
-is searched one query at a time, returning what a search result needs (id, conversation,
-text). The service's shard answers each query just before the alternative does, and is timed
-there too (beside.py): the ratio of the two holds on a machine whose speed drifts.
+is searched one query at a time for the ids of the best 10, as the service's shard is (its
+Search answers ids and scores; the service reads the hits' rows apart). The two take turns,
+query by query, the shard at the nprobe that finds as much as the alternative's setting
+(beside.py): the ratio of their times holds on a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ from typing import Any, Literal
 
 import numpy as np
 import psutil
-from beside import ShardBeside, ShardProbe
+from beside import ShardProbe, alternate
 from cpu import seconds
 
 BATCH = 1_000
 K = 10
-WARMUP = 10
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 # pgvector and Chroma are asked at several ef_search values (pgvector's default is 40,
@@ -214,36 +214,27 @@ async def bench_pgvector(
         await conn.execute("ANALYZE alt_chunks")
 
         # <#> is the negated inner product, so ascending order is most similar first; 10 is K.
-        query = (
-            "SELECT id, conversation_id, text FROM alt_chunks ORDER BY embedding <#> $1 LIMIT 10"
-        )
+        # Ids only, as the shard's Search answers (the service reads its rows apart: `rows`).
+        query = "SELECT id FROM alt_chunks ORDER BY embedding <#> $1 LIMIT 10"
         plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {query}", queries[0]))
         if "alt_chunks_embedding_idx" not in plan:
             raise RuntimeError(f"pgvector would not use its HNSW index:\n{plan}")
         stmt = await conn.prepare(query)
+
+        async def ask(q: np.ndarray) -> list[str]:
+            return [r["id"] for r in await stmt.fetch(q)]
+
         results = []
         for ef_search in EF_SEARCH:
             await conn.execute(f"SET hnsw.ef_search = {ef_search}")
-            samples, found = [], []
-            with ShardBeside(probe, queries) as shard:  # blocking: nothing else runs meanwhile
-                for step, q in enumerate(queries[:WARMUP]):
-                    shard.search(step, timed=False)
-                    await stmt.fetch(q)
-                for step, q in enumerate(queries):
-                    shard.search(step)
-                    t0 = time.perf_counter()
-                    hits = await stmt.fetch(q)
-                    samples.append(time.perf_counter() - t0)
-                    found.append([r["id"] for r in hits])
+            samples, found_share, beside = await alternate(probe, queries, recall, ask)
             notes = (
                 f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
                 f"ef_search={ef_search}; index built before load; {writers} writers, "
                 f"COPY batches of {BATCH}" + ("; english full text, GIN" if full_text else "")
             )
             system = f"{name}-ef{ef_search}"
-            results.append(
-                _result(system, n, ingest, samples, recall(found), notes, shard.figures())
-            )
+            results.append(_result(system, n, ingest, samples, found_share, notes, beside))
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:
         await conn.close()
@@ -294,11 +285,15 @@ def _chroma_load(
 
 
 def _chroma_search(
-    folder: Path, queries: np.ndarray, ef_search: int, probe: ShardProbe
-) -> tuple[list[float], list[list[str]], dict[str, Any], float, dict[str, float]]:
-    """Opens the collection at `ef_search` and times each query, with the shard of `probe`
-    timed beside it: (latencies in seconds, ids found, the index's settings, this process's
-    peak resident GB, the shard's times)."""
+    folder: Path,
+    queries: np.ndarray,
+    ef_search: int,
+    probe: ShardProbe,
+    recall: Callable[[list[list[str]]], float],
+) -> tuple[list[float], float, dict[str, Any], float, dict[str, float]]:
+    """Opens the collection at `ef_search` and times each query, taking turns with the shard
+    of `probe` (beside.alternate): (latencies in seconds, recall@10, the index's settings, this
+    process's peak resident GB, the shard's times)."""
     collection = _chroma_client(folder).get_collection("alt_chunks", embedding_function=None)
     collection.modify(configuration={"hnsw": {"ef_search": ef_search}})
     # A loaded index keeps the ef_search it was opened with: read the folder anew.
@@ -310,24 +305,13 @@ def _chroma_search(
     if config.get("ef_search") != ef_search:
         raise RuntimeError(f"Chroma kept ef_search {config.get('ef_search')}, not {ef_search}")
 
-    def search(q: np.ndarray) -> list[str]:
-        res = collection.query(
-            query_embeddings=[q], n_results=K, include=["documents", "metadatas"]
-        )
-        return list(res["ids"][0])
+    async def ask(q: np.ndarray) -> list[str]:
+        # Ids only, as the shard's Search answers (the service reads its rows apart: `rows`).
+        return list(collection.query(query_embeddings=[q], n_results=K, include=[])["ids"][0])
 
-    samples, found = [], []
-    with ShardBeside(probe, queries) as shard:
-        for step, q in enumerate(queries[:WARMUP]):  # also loads the index
-            shard.search(step, timed=False)
-            search(q)
-        for step, q in enumerate(queries):
-            shard.search(step)
-            t0 = time.perf_counter()
-            found.append(search(q))
-            samples.append(time.perf_counter() - t0)
+    samples, found_share, beside = asyncio.run(alternate(probe, queries, recall, ask))
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
-    return samples, found, config, peak_kb / 2**20, shard.figures()
+    return samples, found_share, config, peak_kb / 2**20, beside
 
 
 def _in_process(method: Literal["fork", "spawn"], target: Callable[..., Any], *args: Any) -> Any:
@@ -384,8 +368,8 @@ def bench_chroma(
     results = []
     for ef_search in EF_SEARCH:
         progress(f"  chroma: searching at ef_search {ef_search}")
-        samples, found, config, peak_gb, beside = _in_process(
-            "spawn", _chroma_search, folder, queries, ef_search, probe
+        samples, found_share, config, peak_gb, beside = _in_process(
+            "spawn", _chroma_search, folder, queries, ef_search, probe, recall
         )
         notes = (
             f"chromadb {chromadb.__version__} PersistentClient, hnsw space=cosine "
@@ -395,5 +379,5 @@ def bench_chroma(
         )
         system = f"chroma-ef{ef_search}"
         ingest = (ingest_s, ingest_cpu_s)
-        results.append(_result(system, n, ingest, samples, recall(found), notes, beside))
+        results.append(_result(system, n, ingest, samples, found_share, notes, beside))
     return results

@@ -54,10 +54,11 @@ def shard_curve(row: dict[str, Any]) -> list[tuple[int, float, float]]:
 
 
 def equal_recall_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each alternative setting timed beside the shard: the nprobe with the lowest p50
-    beside it among those that find at least as much (recall@10 from the service's row of that
-    size), and that p50 as a share of the setting's. `nprobe` None: no nprobe timed found as
-    much. Rows of runs from before the shard was timed beside the alternatives give none."""
+    """For each alternative setting timed beside the shard: the nprobe timed beside it if it
+    finds at least as much (recall@10 from the service's row of that size), and its p50 as a
+    share of the setting's. `nprobe` None: it does not find as much. (Runs up to 8cc4959 timed
+    several nprobes beside each setting; of those the fastest that finds as much is taken.
+    Runs from before the shard was timed beside the alternatives give none.)"""
     recalls = {
         r["chunks"]: {n: recall for n, _, recall in shard_curve(r)}
         for r in rows

@@ -12,8 +12,10 @@ it measures:
   messages a call; `--growth-batch 500` sends whole conversations, as a bulk import would
   and as the alternatives are loaded, 1,000 rows a call); each append returns once its
   chunks are searchable; and the CPU a chunk cost, by part: api, embed, index, postgres and
-  this process, the load generator (benchmarks/e2e/cpu.py);
-- append: latency p50/p99 of one-message appends, one client (searchable on return), as the
+  this process, the load generator (benchmarks/e2e/cpu.py), up to the end of the work the
+  growth left behind (the outbox, the term statistics), whose wall time is given apart;
+- append: latency p50/p99 of one-message appends, one client (searchable on return), with
+  short notes (`append_*`) and with a LongMemEval conversation's turns (`append_turn_*`), as the
   client sees it and as the service's own time with the embedding taken out (`own`, below),
   with four of its parts: `write` (the transaction), `embed_wait`, `vectors` (storing them)
   and `index` (the shard's upsert);
@@ -29,10 +31,10 @@ it measures:
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
   service's hybrid search needs) and Chroma, and asked the same query vectors
-  (benchmarks/e2e/alternatives.py), with the CPU their loads cost a chunk. The shard is timed
-  again beside each of their queries (benchmarks/e2e/beside.py), and each alternative setting
-  is compared with the fastest nprobe that finds as much, by those times (`ratios` in the
-  JSON, the last panel of the plot).
+  (benchmarks/e2e/alternatives.py) for the ids of the best 10, with the CPU their loads cost
+  a chunk. Each alternative setting takes turns, query by query, with the shard at the
+  smallest nprobe that finds as much (benchmarks/e2e/beside.py), and is compared with it by
+  those times (`ratios` in the JSON, the last panel of the plot).
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
@@ -59,6 +61,7 @@ import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +82,7 @@ from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from own_time import without_embedding
-from report import equal_recall_ratios, plot, write
+from report import equal_recall_ratios, plot, shard_curve, write
 
 from api_service import timing
 from api_service.devstack import DEV_ORG, add_embedder_option, stack_in_subprocess
@@ -98,7 +101,7 @@ K = 10
 # Server-Timing parts of an append the benchmark reports on their own, for where its time goes.
 APPEND_PARTS = ("write", "embed_wait", "vectors", "index")
 # nprobe values the shard's vector search is also timed at (IVF only), for recall against
-# latency beside the alternatives' ef_search values.
+# latency; the alternatives are compared with the one that finds as much as each setting.
 SHARD_NPROBES = (8, 16, 32, 64, 128, 256, 512)
 
 
@@ -173,19 +176,22 @@ def samples_ms(times: list[float]) -> list[float]:
     return [round(t * 1000, 3) for t in times]
 
 
-async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, Any]:
-    """One-message appends, one client: the whole request as the client sees it, and the
-    service's own time with the embedding taken out."""
-    r = await http.post("/api/v1/conversations", json={"title": "append latency"})
+async def append_latency(
+    http: httpx.AsyncClient, count: int, messages: list[dict[str, str]], name: str
+) -> dict[str, Any]:
+    """`count` one-message appends of `messages` in turn (after 10 untimed), one client, into
+    a conversation of their own: the whole request as the client sees it, and the service's
+    own time with the embedding taken out, as `<name>_...` figures."""
+    r = await http.post("/api/v1/conversations", json={"title": f"{name} latency"})
     r.raise_for_status()
     cid = r.json()["conversation_id"]
     whole, own = [], []
-    parts: dict[str, list[float]] = {name: [] for name in APPEND_PARTS}
+    parts: dict[str, list[float]] = {part: [] for part in APPEND_PARTS}
     for i in range(count + 10):
+        message = messages[i % len(messages)]
         t0 = time.perf_counter()
         r = await http.post(
-            "/api/v1/messages",
-            json={"conversation_id": cid, "messages": [{"role": "user", "content": f"note {i}"}]},
+            "/api/v1/messages", json={"conversation_id": cid, "messages": [message]}
         )
         took = time.perf_counter() - t0
         r.raise_for_status()
@@ -193,16 +199,16 @@ async def append_latency(http: httpx.AsyncClient, count: int) -> dict[str, Any]:
             whole.append(took)
             timings = timing.parse(r.headers["server-timing"])
             own.append(without_embedding(timings) / 1000)
-            for name, times in parts.items():
-                times.append(timings.get(name, 0.0) / 1000)
+            for part, times in parts.items():
+                times.append(timings.get(part, 0.0) / 1000)
     figures: dict[str, Any] = {
-        "samples_append_ms": samples_ms(whole),
-        "samples_append_own_ms": samples_ms(own),
+        f"samples_{name}_ms": samples_ms(whole),
+        f"samples_{name}_own_ms": samples_ms(own),
     }
-    for name, times in [("append", whole), ("append_own", own)] + [
-        (f"append_{part}", times) for part, times in parts.items()
+    for label, times in [(name, whole), (f"{name}_own", own)] + [
+        (f"{name}_{part}", times) for part, times in parts.items()
     ]:
-        figures[f"{name}_p50_ms"], figures[f"{name}_p99_ms"] = percentiles(times)
+        figures[f"{label}_p50_ms"], figures[f"{label}_p99_ms"] = percentiles(times)
     return figures
 
 
@@ -231,6 +237,9 @@ async def search_latency(
             rest_own.append(without_embedding(parts) / 1000)
             for name, times in rest_parts.items():
                 times.append(parts.get(name, 0.0) / 1000)
+        # Apart: right after REST's search of the same question, MCP's would find the shard's
+        # lists for it in the caches.
+        for q in questions:
             t0 = time.perf_counter()
             res = await mcp.call_tool("search", {"query": q, "limit": K})
             mcp_times.append(time.perf_counter() - t0)
@@ -345,9 +354,8 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
 async def shard_probe(
     args: argparse.Namespace, pg_url: str
 ) -> tuple[ShardProbe, index_pb2.StatsResponse]:
-    """The org on the shard, and the nprobe values its vector ranking is timed at beside the
-    alternatives: the calibrated one and, for an IVF org, SHARD_NPROBES below its list count;
-    with the org's Stats (its lists and calibrated nprobe)."""
+    """The org on the shard, with no recalls yet (shard_search measures them), and the org's
+    Stats (its lists and calibrated nprobe)."""
     conn = await asyncpg.connect(pg_url)
     try:
         org_id = await conn.fetchval("SELECT org_id FROM orgs WHERE name = $1", DEV_ORG)
@@ -357,8 +365,7 @@ async def shard_probe(
     async with grpc.aio.insecure_channel(args.index_address) as channel:
         shard = index_pb2_grpc.IndexServiceStub(channel)
         stats = await shard.Stats(index_pb2.StatsRequest(org_id=org_id, routing_epoch=epoch))
-    nprobes = {stats.nprobe, *(n for n in SHARD_NPROBES if n < stats.nlist)}
-    return ShardProbe(args.index_address, org_id, epoch, tuple(sorted(nprobes))), stats
+    return ShardProbe(args.index_address, org_id, epoch, recalls=()), stats
 
 
 async def shard_search(
@@ -403,22 +410,22 @@ async def shard_search(
 class Recall:
     """Recall@10 against exact search over the stored vectors, by score: a found chunk is a hit
     if it scores at least the exact 10th best. Equal vectors (a short chunk that no respelling
-    touched) tie, and any of them is a right answer."""
+    touched) tie, and any of them is a right answer. Holds each query's right answers only, so
+    it travels to the process that searches Chroma."""
 
     def __init__(self, corpus: Corpus, queries: np.ndarray) -> None:
-        self._rows = {cid: i for i, cid in enumerate(corpus.ids)}
-        self._vectors = corpus.vectors
-        self._queries = queries
-        self._kth_best = np.empty(len(queries), dtype=np.float32)
+        self._answers: list[frozenset[str]] = []
         for start in range(0, len(queries), 32):
             scores = queries[start : start + 32] @ corpus.vectors.T
-            self._kth_best[start : start + 32] = -np.sort(-scores, axis=1)[:, K - 1]
+            kth_best = -np.sort(-scores, axis=1)[:, K - 1]
+            for row, floor in zip(scores, kth_best, strict=True):
+                right = np.flatnonzero(row >= floor - 1e-5)
+                self._answers.append(frozenset(corpus.ids[i] for i in right))
 
     def __call__(self, found: list[list[str]]) -> float:
-        hits = 0
-        for q, ids, floor in zip(self._queries, found, self._kth_best, strict=True):
-            rows = [self._rows[cid] for cid in ids[:K] if cid in self._rows]
-            hits += int((self._vectors[rows] @ q >= floor - 1e-5).sum()) if rows else 0
+        hits = sum(
+            len(set(ids[:K]) & right) for ids, right in zip(found, self._answers, strict=True)
+        )
         return hits / (K * len(found))
 
 
@@ -439,6 +446,10 @@ async def measure(
     meter = CpuMeter(args.data_dir / "postgres")
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=1800) as http:
         growth = Growth(http, args.data, batch=args.growth_batch)
+        # Appends are timed with short notes, as in earlier runs, and with the turns of a
+        # LongMemEval conversation (hundreds to thousands of characters), as agents send them.
+        notes = [{"role": "user", "content": f"note {i}"} for i in range(210)]
+        turns = next(conversations(args.data))
         for size in sorted(args.sizes):
             progress(f"growing the org to {size:,} chunks")
             row: dict[str, Any] = {"system": "memory-service", "chunks": size}
@@ -446,18 +457,23 @@ async def measure(
             cpu_before, chunks_before = meter.read(), growth.chunks
             row.update(await growth.to(size))
             # The work the growth leaves behind counts, up to the vacuum: that is the
-            # benchmark's, to time a settled service.
+            # benchmark's, to time a settled service. Its CPU is in the growth's, and its
+            # wall time (polled every 2 s) is given apart: each append returned searchable.
+            settled = time.perf_counter()
             await settle(args, pg_url, vacuum=False)
+            row["growth_settle_seconds"] = time.perf_counter() - settled
             cpu = per_chunk_ms(cpu_before, meter.read(), growth.chunks - chunks_before)
             row.update({f"growth_cpu_ms_per_chunk_{part}": ms for part, ms in cpu.items()})
             progress(
                 "  CPU a chunk: " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in cpu.items())
             )
             await settle(args, pg_url)  # no recount or backlog under the timed appends
-            row.update(await append_latency(http, 200))
+            row.update(await append_latency(http, 200, notes, "append"))
+            row.update(await append_latency(http, 200, turns, "append_turn"))
             progress(
                 f"  append p50 {row['append_p50_ms']:.1f} ms, "
-                f"{row['append_own_p50_ms']:.1f} ms the service's own"
+                f"{row['append_own_p50_ms']:.1f} ms the service's own; with LongMemEval turns "
+                f"{row['append_turn_p50_ms']:.1f} and {row['append_turn_own_p50_ms']:.1f} ms"
             )
             await settle(args, pg_url)
             figures, found = await search_latency(base_url, key, questions)
@@ -469,6 +485,7 @@ async def measure(
             row["recall_at_10"] = recall(found)
             probe, stats = await shard_probe(args, pg_url)
             row.update(await shard_search(probe, stats, queries, recall))
+            probe = replace(probe, recalls=tuple((n, share) for n, _, share in shard_curve(row)))
             shown = {k: v for k, v in row.items() if not k.startswith("samples_")}
             progress(f"  service: {shown}")
             rows.append(row)
