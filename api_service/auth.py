@@ -279,7 +279,8 @@ class FailedAuthThrottle:
 
     def _recent_failures(self, client: str) -> deque[float]:
         failures = self._failures.get(client, deque())
-        while failures and failures[0] <= self._clock() - self._window:
+        horizon = self._clock() - self._window
+        while failures and failures[0] <= horizon:
             failures.popleft()
         if not failures:
             self._failures.pop(client, None)
