@@ -3,7 +3,8 @@
 pgvector runs twice: bare (vectors only), and with the full-text index the service's hybrid
 REST search needs (a generated `to_tsvector('english', text)` column and its GIN index), so
 the service's ingest can be read against both the least a user could store and what hybrid
-search needs stored. Both are searched by vector alone.
+search needs stored. Both are searched by vector alone; the one with full text also by a
+hybrid query (hybrid_beside), as the service's REST search ranks.
 
 Each gets the same chunks, vectors and queries as the service, is loaded the way a live system
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
@@ -23,14 +24,14 @@ import shutil
 import struct
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import psutil
-from beside import ShardProbe, alternate
+from beside import WARMUP, ShardProbe, alternate
 from cpu import seconds
 
 BATCH = 1_000
@@ -41,6 +42,32 @@ HNSW_EF_CONSTRUCTION = 64
 # Chroma's 100): recall rises with it, so their latency can be read at the recall the service
 # reaches.
 EF_SEARCH = (40, 100, 200, 400)
+# Hybrid search on pgvector with full text, as a user would write it: Supabase's documented
+# pattern (each half's best, fused by reciprocal rank in one statement), with what the service's
+# REST search uses: each half's best 2 * K (depth), RRF's k of 60, and the best K read with
+# their text. The full-text half matches all of the question's words (websearch_to_tsquery, as
+# the pattern has it) or any of them, as the service's lexical half does.
+HYBRID_SQL = """
+WITH semantic AS (  -- numbered in the order the index scan found them, nearest first
+    SELECT id, row_number() OVER () AS rank
+      FROM (SELECT id FROM alt_chunks ORDER BY embedding <#> $1 LIMIT {depth}) AS nearest
+), full_text AS (
+    SELECT id, row_number() OVER (ORDER BY ts_rank_cd(text_search, query) DESC) AS rank
+      FROM alt_chunks, {tsquery} AS query
+     WHERE text_search @@ query
+     ORDER BY rank LIMIT {depth}
+)
+SELECT id, c.text
+  FROM semantic FULL OUTER JOIN full_text USING (id) JOIN alt_chunks AS c USING (id)
+ ORDER BY coalesce(1.0 / ({rrf_k} + semantic.rank), 0)
+          + coalesce(1.0 / ({rrf_k} + full_text.rank), 0) DESC, id
+ LIMIT {k}"""
+TSQUERIES = {  # of the question, the parameter in braces
+    "all-words": "websearch_to_tsquery('english', {})",
+    # The english query's lexemes, or-ed: 'simple' leaves them as they are.
+    "any-word": "to_tsquery('simple', replace(plainto_tsquery('english', {})::text, '&', '|'))",
+}
+RRF_K = 60
 
 
 @dataclass(frozen=True)
@@ -69,6 +96,34 @@ class AlternativeResult:
         """The result as one flat row, the shard's times beside it included."""
         fields = asdict(self)
         return {**fields, **fields.pop("beside")}
+
+
+@dataclass(frozen=True)
+class HybridResult:
+    system: str  # "pgvector-hnsw-fts-hybrid-any-word": the full-text half's match
+    chunks: int
+    ef_search: int  # of the vector half
+    search_p50_ms: float  # the hybrid statement, as its client sees it
+    search_p99_ms: float
+    keyword_share: float  # questions whose full-text half matched any chunk
+    rest_p50_ms: float  # the service's REST search beside it, its embedding taken out
+    rest_p99_ms: float
+    notes: str
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HybridProbe:
+    """What the hybrid statement is timed beside: `rest` asks the service's REST search one
+    question and returns its time in seconds, the embedding taken out; `questions` in the
+    order of the query vectors; `vector_recall`, the service's vector ranking's recall@10, to
+    pick the vector half's ef_search by."""
+
+    rest: Callable[[str], Awaitable[float]]
+    questions: list[str]
+    vector_recall: float
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -148,13 +203,15 @@ async def bench_pgvector(
     cpu_seconds: Callable[[], float],
     probe: ShardProbe,
     full_text: bool = False,
-) -> list[AlternativeResult]:
+    hybrid: HybridProbe | None = None,
+) -> list[AlternativeResult | HybridResult]:
     """pgvector HNSW (inner product on unit vectors, pgvector's default build settings), one
     result per ef_search in EF_SEARCH; with `full_text`, the chunks' English full text is
-    indexed too (GIN), as hybrid search needs. `writers` connections load it at once, as the
-    service's clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL (all of it: an
-    idle stack's polling on the same server counts too) and this process, the client. The
-    shard of `probe` is timed beside each query."""
+    indexed too (GIN), as hybrid search needs, and with `hybrid` too, the hybrid statement is
+    timed beside the service's REST search (hybrid_beside). `writers` connections load it at
+    once, as the service's clients write to it. `cpu_seconds`: cumulative CPU of PostgreSQL
+    (all of it: an idle stack's polling on the same server counts too) and this process, the
+    client. The shard of `probe` is timed beside each query."""
     n, dim = corpus.vectors.shape
     name = "pgvector-hnsw-fts" if full_text else "pgvector-hnsw"
     conn = await _vector_connection(pg_url, dim)
@@ -224,10 +281,12 @@ async def bench_pgvector(
         async def ask(q: np.ndarray) -> list[str]:
             return [r["id"] for r in await stmt.fetch(q)]
 
-        results = []
+        results: list[AlternativeResult | HybridResult] = []
+        recalls = {}
         for ef_search in EF_SEARCH:
             await conn.execute(f"SET hnsw.ef_search = {ef_search}")
             samples, found_share, beside = await alternate(probe, queries, recall, ask)
+            recalls[ef_search] = found_share
             notes = (
                 f"hnsw vector_ip_ops m={HNSW_M} ef_construction={HNSW_EF_CONSTRUCTION} "
                 f"ef_search={ef_search}; index built before load; {writers} writers, "
@@ -235,9 +294,62 @@ async def bench_pgvector(
             )
             system = f"{name}-ef{ef_search}"
             results.append(_result(system, n, ingest, samples, found_share, notes, beside))
+        if full_text and hybrid is not None:
+            # The vector half at the least ef_search that finds as much as the service's.
+            enough = [ef for ef, found in recalls.items() if found >= hybrid.vector_recall]
+            ef_search = min(enough, default=EF_SEARCH[-1])
+            await conn.execute(f"SET hnsw.ef_search = {ef_search}")
+            results += await hybrid_beside(conn, name, n, queries, hybrid, ef_search)
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:
         await conn.close()
+    return results
+
+
+async def hybrid_beside(
+    conn: Any, name: str, n: int, queries: np.ndarray, hybrid: HybridProbe, ef_search: int
+) -> list[HybridResult]:
+    """The hybrid statement for each of TSQUERIES, taking turns with the service's REST search
+    of the same question (WARMUP turns untimed), on the loaded `alt_chunks` of `conn`."""
+    results = []
+    for match, tsquery in TSQUERIES.items():
+        query = HYBRID_SQL.format(depth=2 * K, tsquery=tsquery.format("$2"), rrf_k=RRF_K, k=K)
+        example = (queries[0], hybrid.questions[0])
+        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {query}", *example))
+        # The planner may scan a small table whole for the nearest 20, as it would a user's.
+        vector_scan = "hnsw" if "alt_chunks_embedding_idx" in plan else "sequential scan"
+        stmt = await conn.prepare(query)
+        matches = await conn.prepare(
+            "SELECT EXISTS (SELECT FROM alt_chunks, "  # noqa: S608 (a fixed TSQUERIES entry)
+            f"{tsquery.format('$1')} AS query WHERE text_search @@ query)"
+        )
+        matched = [await matches.fetchval(question) for question in hybrid.questions]
+        pairs = list(zip(queries, hybrid.questions, strict=True))
+        service, own = [], []
+        for step, (vector, question) in enumerate(pairs[:WARMUP] + pairs):
+            rest = await hybrid.rest(question)
+            t0 = time.perf_counter()
+            await stmt.fetch(vector, question)
+            if step >= WARMUP:
+                own.append(time.perf_counter() - t0)
+                service.append(rest)
+        p50, p99 = percentiles(own)
+        rest_p50, rest_p99 = percentiles(service)
+        results.append(
+            HybridResult(
+                system=f"{name}-hybrid-{match}",
+                chunks=n,
+                ef_search=ef_search,
+                search_p50_ms=p50,
+                search_p99_ms=p99,
+                keyword_share=sum(matched) / len(matched),
+                rest_p50_ms=rest_p50,
+                rest_p99_ms=rest_p99,
+                notes=f"each half's best {2 * K}, reciprocal rank fusion (k {RRF_K}), the best "
+                f"{K} with their text; full text: {tsquery.format('question')}; vectors: "
+                f"{vector_scan}, ef_search {ef_search}",
+            )
+        )
     return results
 
 

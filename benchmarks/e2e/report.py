@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def write(rows: list[dict[str, Any]], out: Path, label: str, meta: dict[str, Any]) -> None:
     """JSON, CSV and PNG of the rows. A row's `samples_*` lists (each latency, in the order
@@ -92,21 +94,27 @@ def equal_recall_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _hybrid(row: dict[str, Any]) -> bool:
+    """A hybrid statement timed beside the REST search (alternatives.HybridResult)."""
+    return "-hybrid-" in row["system"]
+
+
 def _family(system: str) -> str:
     base = system.split("-ef")[0]
     return NAMES.get(base, base)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Search latency by size; recall against latency at the largest size; ingest rates."""
+    """Search latency by size; recall against latency at the largest size; ingest rates and
+    CPU; vector search at equal recall; hybrid search, each timed beside the service."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     service = [r for r in rows if r["system"] == "memory-service"]
-    others = [r for r in rows if r["system"] != "memory-service"]
-    fig, (ax1, ax2, ax3, ax4, ax5) = plt.subplots(1, 5, figsize=(25, 4.5))
+    others = [r for r in rows if r["system"] != "memory-service" and not _hybrid(r)]
+    fig, (ax1, ax2, ax3, ax4, ax5, ax6) = plt.subplots(1, 6, figsize=(30, 4.5))
     sizes = [r["chunks"] for r in service]
     for key, label in (("rest_search", "REST hybrid"), ("mcp_search", "MCP vector")):
         ax1.plot(sizes, [r[f"{key}_p50_ms"] for r in service], "o-", label=f"{label} p50")
@@ -186,6 +194,24 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     else:
         ax5.axis("off")
         ax5.text(0.5, 0.5, "no alternative at this size", ha="center", transform=ax5.transAxes)
+
+    # Hybrid search: pgvector's one statement against the REST search, in turns.
+    hybrid = [r for r in rows if _hybrid(r) and r["service_chunks"] == largest]
+    ax6.set_title(f"hybrid search p50, timed beside, {top['chunks']:,} chunks")
+    if hybrid:
+        labels = [
+            f"{r['system'].split('-hybrid-')[1]}\nkeywords matched {r['keyword_share']:.0%}"
+            for r in hybrid
+        ]
+        x = np.arange(len(hybrid))
+        ax6.bar(x - 0.2, [r["rest_p50_ms"] for r in hybrid], 0.4, label="memory service (REST)")
+        ax6.bar(x + 0.2, [r["search_p50_ms"] for r in hybrid], 0.4, label="pgvector + full text")
+        ax6.set_xticks(x, labels)
+        ax6.set(ylabel="ms, embedding taken out")
+        ax6.legend(fontsize=7)
+    else:
+        ax6.axis("off")
+        ax6.text(0.5, 0.5, "no hybrid timed at this size", ha="center", transform=ax6.transAxes)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

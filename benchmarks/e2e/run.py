@@ -34,7 +34,12 @@ it measures:
   (benchmarks/e2e/alternatives.py) for the ids of the best 10, with the CPU their loads cost
   a chunk. Each alternative setting takes turns, query by query, with the shard at the
   smallest nprobe that finds as much (benchmarks/e2e/beside.py), and is compared with it by
-  those times (`ratios` in the JSON, the last panel of the plot).
+  those times (`ratios` in the JSON, the fifth panel of the plot);
+- hybrid search as a user would write it on pgvector with full text (one statement: each
+  half's best 20 fused by reciprocal rank, the best 10 read with their text; full text
+  matching all of the question's words, and any of them), taking turns with the service's
+  REST search of the same question, timed as its client sees it with the embedding taken out
+  (`*-hybrid-*` rows, the last panel).
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
@@ -54,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import platform
@@ -72,6 +78,8 @@ import numpy as np
 from alternatives import (
     AlternativeResult,
     Corpus,
+    HybridProbe,
+    HybridResult,
     bench_chroma,
     bench_pgvector,
     percentiles,
@@ -267,6 +275,17 @@ async def search_latency(
         p50, p99 = percentiles(times)
         figures[f"rest_search_{name}_p50_ms"], figures[f"rest_search_{name}_p99_ms"] = p50, p99
     return figures, found
+
+
+async def rest_search_without_embedding(http: httpx.AsyncClient, question: str) -> float:
+    """One REST search of `question`: seconds as its client sees them, less the embedding's
+    share of the server's time (own_time.without_embedding)."""
+    t0 = time.perf_counter()
+    r = await http.get("/api/v1/search", params={"q": question, "limit": K})
+    took = time.perf_counter() - t0
+    r.raise_for_status()
+    parts = timing.parse(r.headers["server-timing"])
+    return took - (parts["total"] - without_embedding(parts)) / 1000
 
 
 async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
@@ -492,10 +511,20 @@ async def measure(
             save(rows)
             if size > args.alternatives_max:
                 continue
-            compared = alternatives(args, size, pg_url, corpus, queries, recall, meter, probe)
+            rest = functools.partial(rest_search_without_embedding, http)
+            hybrid = HybridProbe(rest, questions, row["recall_at_10"])
+            compared = alternatives(
+                args, size, pg_url, corpus, queries, recall, meter, probe, hybrid
+            )
             async for results in compared:
                 for result in results:
                     progress(f"  {result}")
+                    if isinstance(result, HybridResult):
+                        share = result.rest_p50_ms / result.search_p50_ms
+                        progress(
+                            f"  the REST search took {share:.2f}x the time of "
+                            f"{result.system}, timed beside it"
+                        )
                     rows.append({**result.row(), "service_chunks": size})
                 save(rows)
             for ratio in (r for r in equal_recall_ratios(rows) if r["service_chunks"] == size):
@@ -520,9 +549,10 @@ async def alternatives(
     recall: Recall,
     meter: CpuMeter,
     probe: ShardProbe,
-) -> AsyncIterator[list[AlternativeResult]]:
+    hybrid: HybridProbe,
+) -> AsyncIterator[list[AlternativeResult | HybridResult]]:
     """Each alternative's results, as each finishes, with the shard of `probe` timed beside
-    each of its queries."""
+    each of its queries, and pgvector's hybrid statement beside the REST search of `hybrid`."""
 
     def postgres_and_client() -> float:
         parts = meter.read()
@@ -540,6 +570,7 @@ async def alternatives(
                 postgres_and_client,
                 probe,
                 full_text=variant == "pgvector-fts",
+                hybrid=hybrid,
             )
     if "chroma" in args.alternatives and size <= args.chroma_max:
         folder = args.data_dir / "chroma"
