@@ -207,7 +207,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         ax6.bar(x - 0.2, [r["rest_p50_ms"] for r in hybrid], 0.4, label="memory service (REST)")
         ax6.bar(x + 0.2, [r["search_p50_ms"] for r in hybrid], 0.4, label="pgvector + full text")
         ax6.set_xticks(x, labels)
-        ax6.set(ylabel="ms, embedding taken out")
+        ax6.set(ylabel="ms, embedding taken out", yscale="log")
         ax6.legend(fontsize=7)
     else:
         ax6.axis("off")
