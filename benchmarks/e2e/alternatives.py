@@ -325,16 +325,16 @@ async def hybrid_beside(
         )
         matched = [await matches.fetchval(question) for question in hybrid.questions]
         pairs = list(zip(queries, hybrid.questions, strict=True))
-        service, own = [], []
+        statement_times, rest_times = [], []
         for step, (vector, question) in enumerate(pairs[:WARMUP] + pairs):
             rest = await hybrid.rest(question)
             t0 = time.perf_counter()
             await stmt.fetch(vector, question)
             if step >= WARMUP:
-                own.append(time.perf_counter() - t0)
-                service.append(rest)
-        p50, p99 = percentiles(own)
-        rest_p50, rest_p99 = percentiles(service)
+                statement_times.append(time.perf_counter() - t0)
+                rest_times.append(rest)
+        p50, p99 = percentiles(statement_times)
+        rest_p50, rest_p99 = percentiles(rest_times)
         results.append(
             HybridResult(
                 system=f"{name}-hybrid-{match}",
