@@ -4,7 +4,7 @@ pgvector runs twice: bare (vectors only), and with the full-text index the servi
 REST search needs (a generated `to_tsvector('english', text)` column and its GIN index), so
 the service's ingest can be read against both the least a user could store and what hybrid
 search needs stored. Both are searched by vector alone; the one with full text also by a
-hybrid query (hybrid_beside), as the service's REST search ranks.
+hybrid statement (hybrid_beside), timed beside the service's REST search.
 
 Each gets the same chunks, vectors and queries as the service, is loaded the way a live system
 grows (index first, then rows in batches of 1,000, so every row is indexed on arrival; pgvector
@@ -45,16 +45,18 @@ EF_SEARCH = (40, 100, 200, 400)
 # Hybrid search on pgvector with full text, as a user would write it: Supabase's documented
 # pattern (each half's best, fused by reciprocal rank in one statement), with what the service's
 # REST search uses: each half's best 2 * K (depth), RRF's k of 60, and the best K read with
-# their text. The full-text half matches all of the question's words (websearch_to_tsquery, as
-# the pattern has it) or any of them, as the service's lexical half does.
+# their text. The nearest are numbered from an ORDER BY ... LIMIT subquery, the form pgvector
+# answers from its index (the pattern numbers them over the whole table). HYBRID_VARIANTS
+# name what the full-text half matches and how many of its matches it ranks.
 HYBRID_SQL = """
-WITH semantic AS (  -- numbered in the order the index scan found them, nearest first
-    SELECT id, row_number() OVER () AS rank
-      FROM (SELECT id FROM alt_chunks ORDER BY embedding <#> $1 LIMIT {depth}) AS nearest
+WITH semantic AS (
+    SELECT id, row_number() OVER (ORDER BY distance) AS rank
+      FROM (SELECT id, embedding <#> $1 AS distance FROM alt_chunks
+             ORDER BY embedding <#> $1 LIMIT {depth}) AS nearest
 ), full_text AS (
     SELECT id, row_number() OVER (ORDER BY ts_rank_cd(text_search, query) DESC) AS rank
-      FROM alt_chunks, {tsquery} AS query
-     WHERE text_search @@ query
+      FROM (SELECT id, text_search, query FROM alt_chunks, {tsquery} AS query
+             WHERE text_search @@ query {cap}) AS matched
      ORDER BY rank LIMIT {depth}
 )
 SELECT id, c.text
@@ -62,11 +64,20 @@ SELECT id, c.text
  ORDER BY coalesce(1.0 / ({rrf_k} + semantic.rank), 0)
           + coalesce(1.0 / ({rrf_k} + full_text.rank), 0) DESC, id
  LIMIT {k}"""
-TSQUERIES = {  # of the question, the parameter in braces
-    "all-words": "websearch_to_tsquery('english', {})",
-    # The english query's lexemes, or-ed: 'simple' leaves them as they are.
-    "any-word": "to_tsquery('simple', replace(plainto_tsquery('english', {})::text, '&', '|'))",
-}
+ALL_WORDS = "websearch_to_tsquery('english', {})"  # of the question, the parameter in braces
+# The english query's lexemes, or-ed: 'simple' leaves them as they are.
+ANY_WORD = "to_tsquery('simple', replace(plainto_tsquery('english', {})::text, '&', '|'))"
+# (name, the full-text half's query, the most matches it ranks, the vector half's ef_search:
+# None, the least that finds as much as the service). All words, as the pattern has it, also at
+# pgvector's default ef_search; any word unbounded, and its first 500 matches only, as the
+# service's lexical half ranks at most 500 (its exact plan's cap; org-wide it ranks those of the
+# question's rarest words, up to 200 chunks, benchmarks/lexical).
+HYBRID_VARIANTS = (
+    ("all-words", ALL_WORDS, None, None),
+    ("all-words-ef40", ALL_WORDS, None, 40),
+    ("any-word-first-500", ANY_WORD, 500, None),
+    ("any-word", ANY_WORD, None, None),
+)
 RRF_K = 60
 
 
@@ -100,7 +111,7 @@ class AlternativeResult:
 
 @dataclass(frozen=True)
 class HybridResult:
-    system: str  # "pgvector-hnsw-fts-hybrid-any-word": the full-text half's match
+    system: str  # "pgvector-hnsw-fts-hybrid-any-word": a HYBRID_VARIANTS name
     chunks: int
     ef_search: int  # of the vector half
     search_p50_ms: float  # the hybrid statement, as its client sees it
@@ -297,9 +308,9 @@ async def bench_pgvector(
         if full_text and hybrid is not None:
             # The vector half at the least ef_search that finds as much as the service's.
             enough = [ef for ef, found in recalls.items() if found >= hybrid.vector_recall]
-            ef_search = min(enough, default=EF_SEARCH[-1])
-            await conn.execute(f"SET hnsw.ef_search = {ef_search}")
-            results += await hybrid_beside(conn, name, n, queries, hybrid, ef_search)
+            results += await hybrid_beside(
+                conn, name, n, queries, hybrid, min(enough, default=EF_SEARCH[-1])
+            )
         await conn.execute("DROP TABLE alt_chunks")  # frees the disk; the next run recreates it
     finally:
         await conn.close()
@@ -307,37 +318,51 @@ async def bench_pgvector(
 
 
 async def hybrid_beside(
-    conn: Any, name: str, n: int, queries: np.ndarray, hybrid: HybridProbe, ef_search: int
+    conn: Any, name: str, n: int, queries: np.ndarray, hybrid: HybridProbe, matched_ef: int
 ) -> list[HybridResult]:
-    """The hybrid statement for each of TSQUERIES, taking turns with the service's REST search
-    of the same question (WARMUP turns untimed), on the loaded `alt_chunks` of `conn`."""
+    """The hybrid statement of each of HYBRID_VARIANTS, taking turns with the service's REST
+    search of the same question, each going first every other question (WARMUP turns
+    untimed), on the loaded `alt_chunks` of `conn`; `matched_ef`, the vector half's ef_search
+    where a variant names none."""
     results = []
-    for match, tsquery in TSQUERIES.items():
-        query = HYBRID_SQL.format(depth=2 * K, tsquery=tsquery.format("$2"), rrf_k=RRF_K, k=K)
+    for variant, tsquery, cap, ef in HYBRID_VARIANTS:
+        ef_search = ef or matched_ef
+        await conn.execute(f"SET hnsw.ef_search = {ef_search}")
+        query = HYBRID_SQL.format(
+            depth=2 * K,
+            tsquery=tsquery.format("$2"),
+            cap=f"LIMIT {cap}" if cap else "",
+            rrf_k=RRF_K,
+            k=K,
+        )
         example = (queries[0], hybrid.questions[0])
         plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {query}", *example))
         # The planner may scan a small table whole for the nearest 20, as it would a user's.
         vector_scan = "hnsw" if "alt_chunks_embedding_idx" in plan else "sequential scan"
         stmt = await conn.prepare(query)
         matches = await conn.prepare(
-            "SELECT EXISTS (SELECT FROM alt_chunks, "  # noqa: S608 (a fixed TSQUERIES entry)
+            "SELECT EXISTS (SELECT FROM alt_chunks, "  # noqa: S608 (a fixed HYBRID_VARIANTS query)
             f"{tsquery.format('$1')} AS query WHERE text_search @@ query)"
         )
         matched = [await matches.fetchval(question) for question in hybrid.questions]
         pairs = list(zip(queries, hybrid.questions, strict=True))
         statement_times, rest_times = [], []
         for step, (vector, question) in enumerate(pairs[:WARMUP] + pairs):
-            rest = await hybrid.rest(question)
+            if step % 2:
+                rest = await hybrid.rest(question)
             t0 = time.perf_counter()
             await stmt.fetch(vector, question)
+            took = time.perf_counter() - t0
+            if not step % 2:
+                rest = await hybrid.rest(question)
             if step >= WARMUP:
-                statement_times.append(time.perf_counter() - t0)
+                statement_times.append(took)
                 rest_times.append(rest)
         p50, p99 = percentiles(statement_times)
         rest_p50, rest_p99 = percentiles(rest_times)
         results.append(
             HybridResult(
-                system=f"{name}-hybrid-{match}",
+                system=f"{name}-hybrid-{variant}",
                 chunks=n,
                 ef_search=ef_search,
                 search_p50_ms=p50,
@@ -346,8 +371,9 @@ async def hybrid_beside(
                 rest_p50_ms=rest_p50,
                 rest_p99_ms=rest_p99,
                 notes=f"each half's best {2 * K}, reciprocal rank fusion (k {RRF_K}), the best "
-                f"{K} with their text; full text: {tsquery.format('question')}; vectors: "
-                f"{vector_scan}, ef_search {ef_search}",
+                f"{K} with their text; full text: {tsquery.format('question')}"
+                + (f", its first {cap} matches" if cap else "")
+                + f"; vectors: {vector_scan}, ef_search {ef_search}",
             )
         )
     return results

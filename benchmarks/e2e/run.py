@@ -37,9 +37,9 @@ it measures:
   those times (`ratios` in the JSON, the fifth panel of the plot);
 - hybrid search as a user would write it on pgvector with full text (one statement: each
   half's best 20 fused by reciprocal rank, the best 10 read with their text; full text
-  matching all of the question's words, and any of them), taking turns with the service's
-  REST search of the same question, timed as its client sees it with the embedding taken out
-  (`*-hybrid-*` rows, the last panel).
+  matching all of the question's words, or any of them, all its matches ranked or the first
+  500), taking turns with the service's REST search of the same question, timed as its
+  client sees it with the embedding taken out (`*-hybrid-*` rows, the last panel).
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
