@@ -233,14 +233,11 @@ async def search_latency(
         Client(streamable_http_client(f"{base_url}/mcp", http_client=http2)) as mcp,
     ):
         for q in questions[:10]:  # warm-up, of both
-            (await http.get("/api/v1/search", params={"q": q, "limit": K})).raise_for_status()
+            await rest_search(http, q)
             await mcp.call_tool("search", {"query": q, "limit": K})
         for q in questions:
-            t0 = time.perf_counter()
-            r = await http.get("/api/v1/search", params={"q": q, "limit": K})
-            rest.append(time.perf_counter() - t0)
-            r.raise_for_status()
-            parts = timing.parse(r.headers["server-timing"])
+            took, parts = await rest_search(http, q)
+            rest.append(took)
             rest_server.append(parts["total"] / 1000)
             rest_own.append(without_embedding(parts) / 1000)
             for name, times in rest_parts.items():
@@ -277,14 +274,20 @@ async def search_latency(
     return figures, found
 
 
-async def rest_search_without_embedding(http: httpx.AsyncClient, question: str) -> float:
-    """One REST search of `question`: seconds as its client sees them, less the embedding's
-    share of the server's time (own_time.without_embedding)."""
+async def rest_search(http: httpx.AsyncClient, question: str) -> tuple[float, dict[str, float]]:
+    """One REST search of `question`, org-wide, limit K: seconds as its client sees them, and
+    its Server-Timing parts (ms)."""
     t0 = time.perf_counter()
     r = await http.get("/api/v1/search", params={"q": question, "limit": K})
     took = time.perf_counter() - t0
     r.raise_for_status()
-    parts = timing.parse(r.headers["server-timing"])
+    return took, timing.parse(r.headers["server-timing"])
+
+
+async def rest_search_without_embedding(http: httpx.AsyncClient, question: str) -> float:
+    """One REST search of `question`: seconds as its client sees them, less the embedding's
+    share of the server's time (own_time.without_embedding)."""
+    took, parts = await rest_search(http, question)
     return took - (parts["total"] - without_embedding(parts)) / 1000
 
 
