@@ -137,8 +137,15 @@ class Registry:
         nprobe: int = 0,
     ) -> list[Hit]:
         """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any;
-        `nprobe` overrides the calibrated one when nonzero."""
+        `nprobe` overrides the calibrated one when nonzero.
+
+        An exact org's search runs on the event loop: it scans at most the flat threshold's
+        vectors, and a worker thread's hand-off and wake-up cost about as much again (0.3-0.8
+        ms a search on 2-core hosts, docs/performance.md)."""
         org = await self._ensure(org_id, epoch)
+        if org.index.kind == "flat":
+            async with org.lock:
+                return org.index.search(query, k, conversation_ids, nprobe)
         return await self._locked(
             org, org.index.search, query, k, conversation_ids, nprobe, executor=self._requests
         )

@@ -104,3 +104,32 @@ async def test_a_rebuild_that_deletes_made_unneeded_is_dropped_before_its_snapsh
     assert built == []
     stats = await registry.stats("org_a", 1)
     assert (stats.vectors, stats.index_kind, stats.building) == (1000, "flat", False)
+
+
+async def test_exact_orgs_search_on_the_event_loop_and_ivf_orgs_on_request_threads(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    search = OrgIndex.search
+
+    def recording_search(self: OrgIndex, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return search(self, *args)
+
+    monkeypatch.setattr(OrgIndex, "search", recording_search)
+    vectors = clustered(1200, seed=7).astype(np.float32)
+    ids = [f"c{i}" for i in range(1200)]
+    await registry.upsert("small", 1, ids[:50], ["conv"] * 50, vectors[:50])
+    await registry.upsert("large", 1, ids, ["conv"] * 1200, vectors)
+    for _ in range(600):  # past the flat threshold: rebuilt as IVF in the background
+        stats = await registry.stats("large", 1)
+        if stats.index_kind == "ivf" and not stats.building:
+            break
+        await asyncio.sleep(0.05)
+    assert stats.index_kind == "ivf"
+
+    small = await registry.search("small", 1, vectors[3:4], 5, [])
+    large = await registry.search("large", 1, vectors[3:4], 5, [])
+    assert small[0].chunk_id == large[0].chunk_id == "c3"
+    assert threads[0] == threading.current_thread().name
+    assert threads[1].startswith("test-request")
