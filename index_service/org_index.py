@@ -165,6 +165,13 @@ class OrgIndex:
         self._apply(labels, np.empty(0, np.int64), np.empty((0, self.dim), np.float32))
         return int(labels.size)
 
+    def scan_bound(self, conversation_ids: list[str]) -> int:
+        """At most how many vectors a search with this filter scores: the org's, or the
+        given conversations' chunks."""
+        if not conversation_ids:
+            return self.size
+        return sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
+
     def search(
         self, query: Matrix, k: int, conversation_ids: list[str], nprobe: int = 0
     ) -> list[Hit]:

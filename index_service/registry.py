@@ -28,6 +28,10 @@ CAUGHT_UP = 16
 # Upserts of up to this many vectors (an append's windows) run on a request thread; larger
 # ones (an indexer batch of many appends' jobs, a bulk load) on the multi-threaded pool.
 REQUEST_SIZED_WRITE = 256
+# Searches that score at most this many vectors (a small org, a few conversations) run on the
+# event loop: a scan of 2,048 float16 vectors takes about 0.2-0.4 ms on a 2-core Zen 3, as
+# long as the hop to a request thread and back, which it saves (docs/performance.md).
+INLINE_SEARCH_VECTORS = 2048
 
 
 class Source(Protocol):
@@ -139,11 +143,12 @@ class Registry:
         """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any;
         `nprobe` overrides the calibrated one when nonzero.
 
-        An exact org's search runs on the event loop: it scans at most the flat threshold's
-        vectors, and a worker thread's hand-off and wake-up cost about as much again (0.3-0.8
-        ms a search on 2-core hosts, docs/performance.md)."""
+        A search that scores at most INLINE_SEARCH_VECTORS runs on the event loop: the hop to
+        a request thread and back costs more than such a scan. Longer ones go to the request
+        threads, so that they neither hold up the shard's other calls nor queue behind each
+        other on one core."""
         org = await self._ensure(org_id, epoch)
-        if org.index.kind == "flat":
+        if org.index.scan_bound(conversation_ids) <= INLINE_SEARCH_VECTORS:
             async with org.lock:
                 return org.index.search(query, k, conversation_ids, nprobe)
         return await self._locked(

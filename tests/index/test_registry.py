@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from index_service import registry as registry_module
 from index_service.main import EmptySource
 from index_service.org_index import OrgIndex
 from index_service.registry import Registry
@@ -106,9 +107,10 @@ async def test_a_rebuild_that_deletes_made_unneeded_is_dropped_before_its_snapsh
     assert (stats.vectors, stats.index_kind, stats.building) == (1000, "flat", False)
 
 
-async def test_exact_orgs_search_on_the_event_loop_and_ivf_orgs_on_request_threads(
+async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_threads(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Small scans skip the hop to a request thread; a long one would hold up the shard."""
     threads: list[str] = []
     search = OrgIndex.search
 
@@ -117,19 +119,14 @@ async def test_exact_orgs_search_on_the_event_loop_and_ivf_orgs_on_request_threa
         return search(self, *args)
 
     monkeypatch.setattr(OrgIndex, "search", recording_search)
-    vectors = clustered(1200, seed=7).astype(np.float32)
-    ids = [f"c{i}" for i in range(1200)]
-    await registry.upsert("small", 1, ids[:50], ["conv"] * 50, vectors[:50])
-    await registry.upsert("large", 1, ids, ["conv"] * 1200, vectors)
-    for _ in range(600):  # past the flat threshold: rebuilt as IVF in the background
-        stats = await registry.stats("large", 1)
-        if stats.index_kind == "ivf" and not stats.building:
-            break
-        await asyncio.sleep(0.05)
-    assert stats.index_kind == "ivf"
+    monkeypatch.setattr(registry_module, "INLINE_SEARCH_VECTORS", 100)
+    vectors = clustered(300, seed=7).astype(np.float32)
+    ids = [f"c{i}" for i in range(300)]
+    conversations = ["small"] * 50 + ["large"] * 250
+    await registry.upsert("org_a", 1, ids, conversations, vectors)
 
-    small = await registry.search("small", 1, vectors[3:4], 5, [])
-    large = await registry.search("large", 1, vectors[3:4], 5, [])
-    assert small[0].chunk_id == large[0].chunk_id == "c3"
+    in_small = await registry.search("org_a", 1, vectors[3:4], 5, ["small"])
+    org_wide = await registry.search("org_a", 1, vectors[3:4], 5, [])
+    assert in_small[0].chunk_id == org_wide[0].chunk_id == "c3"
     assert threads[0] == threading.current_thread().name
     assert threads[1].startswith("test-request")
