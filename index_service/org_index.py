@@ -166,11 +166,14 @@ class OrgIndex:
         return int(labels.size)
 
     def scan_bound(self, conversation_ids: list[str]) -> int:
-        """At most how many vectors a search with this filter scores: the org's, or the
-        given conversations' chunks."""
+        """At most how many vectors a search with this filter scores: the given
+        conversations' chunks where `search` scores them alone, else the org's."""
         if not conversation_ids:
             return self.size
-        return sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
+        chunks = sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
+        if self._store.kind == "flat" or chunks <= self._flat_threshold:
+            return chunks
+        return self.size  # scanned through the IVF lists, which hold every chunk
 
     def search(
         self, query: Matrix, k: int, conversation_ids: list[str], nprobe: int = 0

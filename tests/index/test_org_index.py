@@ -66,6 +66,16 @@ def test_filter_is_exact_in_ivf_mode() -> None:
     assert [h.chunk_id for h in hits] == [f"c{i}" for i in expected]
 
 
+def test_scan_bound_counts_what_a_search_scores() -> None:
+    flat, _ = _org(400, threshold=1000)  # 40 conversations of 10 chunks
+    assert flat.scan_bound([]) == 400
+    assert flat.scan_bound(["conv1", "conv2", "conv2", "nobody"]) == 20
+    ivf, _ = _org(3000, threshold=100)  # 75 chunks a conversation
+    assert ivf.kind == "ivf"
+    assert ivf.scan_bound(["conv1"]) == 75  # scored alone, exactly
+    assert ivf.scan_bound(["conv1", "conv2"]) == 3000  # through the IVF lists
+
+
 def test_changes_during_a_rebuild_are_replayed() -> None:
     org, vectors = _org(3000, threshold=1000)
     snapshot = org.begin_rebuild()
