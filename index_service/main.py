@@ -94,7 +94,7 @@ async def start_server(settings: IndexSettings) -> IndexServer:
     if settings.shard_name and settings.shard_name not in settings.shards:
         raise ValueError(f"INDEX_SHARD_NAME {settings.shard_name!r} is not in INDEX_SHARDS")
     device = resolve_device(settings.device)
-    single_threaded_faiss()  # small searches run on this, the event loop's, thread
+    single_threaded_faiss()  # small searches and upserts run on this, the event loop's, thread
     cores = os.cpu_count() or 1
     work = ThreadPoolExecutor(max_workers=max(2, cores), thread_name_prefix="index-work")
     requests = ThreadPoolExecutor(

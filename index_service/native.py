@@ -54,9 +54,10 @@ def single_threaded_numpy_blas() -> bool:
 def single_threaded_faiss() -> None:
     """Run this thread's FAISS calls on one OpenMP thread (the setting is per thread).
 
-    Used by the request threads: a search or a write of a few vectors gains little from
-    splitting, and an OpenMP region waits for all its threads, so a busy machine turns every
-    descheduled helper into tail latency. Build threads keep the default and use every core.
+    Used by the request threads and the shard's event loop: a search or a write of a few
+    vectors gains little from splitting, and an OpenMP region waits for all its threads, so a
+    busy machine turns every descheduled helper into tail latency. Build threads keep the
+    default and use every core.
     """
     import faiss
 

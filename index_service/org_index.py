@@ -1,8 +1,8 @@
 """One organization's vectors: chunk and conversation bookkeeping over a flat or IVF store.
 
-Not thread-safe: the registry serializes the calls for an org behind that org's lock and runs
-them on worker threads. A rebuild's `snapshot_room`, `build` and `catch_up` run without it, as
-their docstrings say.
+Not thread-safe: the registry serializes the calls for an org behind that org's lock (on
+worker threads, or on its event loop for short ones). A rebuild's `snapshot_room`, `build`
+and `catch_up` run without it, as their docstrings say.
 """
 
 from __future__ import annotations
@@ -174,6 +174,11 @@ class OrgIndex:
         if self._store.kind == "flat" or chunks <= self._flat_threshold:
             return chunks
         return self.size  # scanned through the IVF lists, which hold every chunk
+
+    def write_bound(self, count: int) -> int:
+        """About how many vectors an upsert of `count` scores: each new vector against every
+        IVF list's centroid to find its list (a flat store's one list: none to choose)."""
+        return count * max(self.lists[0], 1)
 
     def search(
         self, query: Matrix, k: int, conversation_ids: list[str], nprobe: int = 0

@@ -25,13 +25,19 @@ T = TypeVar("T")
 # a round finds at most CAUGHT_UP of them; the rest are replayed under the lock at the switch.
 CATCH_UP_ROUNDS = 5
 CAUGHT_UP = 16
-# Upserts of up to this many vectors (an append's windows) run on a request thread; larger
-# ones (an indexer batch of many appends' jobs, a bulk load) on the multi-threaded pool.
+# Upserts of up to this many vectors (an indexer job's windows) run on a request thread, unless
+# short enough for the event loop (below); larger ones (an indexer batch of many appends'
+# jobs, a bulk load) on the multi-threaded pool.
 REQUEST_SIZED_WRITE = 256
-# Searches that score at most this many vectors (a small org, a few conversations) run on the
-# event loop: a scan of 2,048 float16 vectors takes about 0.2-0.4 ms on a 2-core Zen 3, as
-# long as the hop to a request thread and back, which it saves (docs/performance.md).
-INLINE_SEARCH_VECTORS = 2048
+# Calls that score at most this many vectors run on the event loop: a search of a small org or
+# a few conversations, an append's upsert into a flat org or one with few IVF lists (each new
+# vector is scored against every list's centroid: up to 1,024 lists for two vectors). Scoring
+# 2,048 float16 vectors takes about 0.2-0.4 ms on a 2-core Zen 3, as long as the hop to a
+# request thread and back, which it saves (docs/performance.md).
+INLINE_VECTORS = 2048
+# Upserts run on the event loop only up to this many vectors (an append's windows: two for
+# one message, three for three), for their bookkeeping in Python costs microseconds a vector.
+INLINE_WRITE = 4
 
 
 class Source(Protocol):
@@ -62,15 +68,16 @@ class Stats:
 
 
 class Registry:
-    """Holds each org's index; every operation on an org runs on a worker thread with that
-    org's lock held, so searches see every write that finished before them.
+    """Holds each org's index; every operation on an org runs with that org's lock held, so
+    searches see every write that finished before them.
 
-    A request's own calls (searches, deletes, upserts of a few vectors) run on `requests`,
-    with single-threaded FAISS; loads, rebuilds and bulk upserts on `work`, with
-    multi-threaded FAISS, so a long rebuild never takes a request thread (requests to its org
-    wait only while it is snapshotted and switched). A few vectors gain nothing from OpenMP
-    threads: one-vector upserts into a 40k-vector IVF org took 0.21 ms (p50) on two and
-    0.15 ms on one; the process used 0.27 and 0.22 ms of CPU an upsert (2 cores).
+    A request's own calls (searches, deletes, upserts of a few vectors) run on `requests`, with
+    single-threaded FAISS, or, the shortest searches and upserts, on the event loop
+    (INLINE_VECTORS); loads, rebuilds and bulk upserts on `work`, with multi-threaded FAISS,
+    so a long rebuild never takes a request thread (requests to its org wait only while it is
+    snapshotted and switched). A few vectors gain nothing from OpenMP threads:
+    one-vector upserts into a 40k-vector IVF org took 0.21 ms (p50) on two and 0.15 ms on one;
+    the process used 0.27 and 0.22 ms of CPU an upsert (2 cores).
     """
 
     def __init__(
@@ -107,16 +114,21 @@ class Registry:
         """Insert or replace chunks (never by an older version), loading the org first if this
         shard does not hold it."""
         org = await self._ensure(org_id, epoch)
-        pool = self._requests if len(chunk_ids) <= REQUEST_SIZED_WRITE else self._work
-        count = await self._locked(
-            org,
-            org.index.upsert,
-            chunk_ids,
-            conversation_ids,
-            vectors,
-            versions,
-            executor=pool,
-        )
+        size = len(chunk_ids)
+        if size <= INLINE_WRITE and org.index.write_bound(size) <= INLINE_VECTORS:
+            async with org.lock:
+                count = org.index.upsert(chunk_ids, conversation_ids, vectors, versions)
+        else:
+            pool = self._requests if size <= REQUEST_SIZED_WRITE else self._work
+            count = await self._locked(
+                org,
+                org.index.upsert,
+                chunk_ids,
+                conversation_ids,
+                vectors,
+                versions,
+                executor=pool,
+            )
         self._maybe_rebuild(org_id, org)
         return count
 
@@ -143,12 +155,12 @@ class Registry:
         """Top-k hits of `query` (one unit-norm row), restricted to `conversation_ids` if any;
         `nprobe` overrides the calibrated one when nonzero.
 
-        A search that scores at most INLINE_SEARCH_VECTORS runs on the event loop: the hop to
-        a request thread and back costs more than such a scan. Longer ones go to the request
+        A search that scores at most INLINE_VECTORS runs on the event loop: the hop to a
+        request thread and back costs more than such a scan. Longer ones go to the request
         threads, so that they neither hold up the shard's other calls nor queue behind each
         other on one core."""
         org = await self._ensure(org_id, epoch)
-        if org.index.scan_bound(conversation_ids) <= INLINE_SEARCH_VECTORS:
+        if org.index.scan_bound(conversation_ids) <= INLINE_VECTORS:
             async with org.lock:
                 return org.index.search(query, k, conversation_ids, nprobe)
         return await self._locked(

@@ -48,7 +48,8 @@ class IndexSettings(BaseSettings):
     search_threads: int = Field(
         default=0,
         ge=0,
-        description="Threads serving searches, upserts and deletes; 0: one per CPU core.",
+        description="Threads serving searches, upserts and deletes (the shortest run on the "
+        "event loop); 0: one per CPU core.",
     )
     max_message_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest gRPC request or response."

@@ -2,8 +2,8 @@
 calibrated to a target recall. Both keep float16 codes in FAISS inverted lists.
 
 Stores hold unit-norm vectors under int64 labels; the OrgIndex above them maps labels to chunk
-and conversation ids. Every method runs on a worker thread with the org's lock held, so a store
-is never used by two threads at once.
+and conversation ids. Every method runs with the org's lock held, so a store is never used by
+two threads at once.
 """
 
 from __future__ import annotations

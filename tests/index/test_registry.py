@@ -43,6 +43,7 @@ async def test_a_cancelled_write_keeps_its_org_locked_until_its_thread_returns(
         return upsert(self, *args)
 
     monkeypatch.setattr(OrgIndex, "upsert", slow_upsert)
+    monkeypatch.setattr(registry_module, "INLINE_WRITE", 0)  # a write on a request thread
     write = asyncio.create_task(registry.upsert("org_a", 1, ["c1"], ["conv"], vectors[1:2]))
     await asyncio.to_thread(entered.wait, 10)
     write.cancel()
@@ -119,7 +120,7 @@ async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_thr
         return search(self, *args)
 
     monkeypatch.setattr(OrgIndex, "search", recording_search)
-    monkeypatch.setattr(registry_module, "INLINE_SEARCH_VECTORS", 100)
+    monkeypatch.setattr(registry_module, "INLINE_VECTORS", 100)
     vectors = clustered(300, seed=7).astype(np.float32)
     ids = [f"c{i}" for i in range(300)]
     conversations = ["small"] * 50 + ["large"] * 250
@@ -130,3 +131,35 @@ async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_thr
     assert in_small[0].chunk_id == org_wide[0].chunk_id == "c3"
     assert threads[0] == threading.current_thread().name
     assert threads[1].startswith("test-request")
+
+
+async def test_an_appends_upsert_runs_on_the_event_loop_where_its_lists_are_few(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few vectors into a flat org, or into an IVF org with few enough centroids to score,
+    skip the hop to a request thread; into one with more lists they take it."""
+    threads: list[str] = []
+    upsert = OrgIndex.upsert
+
+    def recording_upsert(self: OrgIndex, *args: Any) -> int:
+        threads.append(threading.current_thread().name)
+        return upsert(self, *args)
+
+    vectors = clustered(1002, seed=9).astype(np.float32)
+    ids = [f"c{i}" for i in range(1002)]
+    await registry.upsert("org_a", 1, ids[:1001], ["conv"] * 1001, vectors[:1001])
+    await registry.settle()  # past the flat threshold: rebuilt as IVF
+    ivf = await registry.stats("org_a", 1)
+    assert ivf.index_kind == "ivf"
+    monkeypatch.setattr(OrgIndex, "upsert", recording_upsert)
+    monkeypatch.setattr(registry_module, "INLINE_VECTORS", ivf.nlist)
+
+    await registry.upsert("org_b", 1, ["b0", "b1"], ["conv"] * 2, vectors[:2])  # flat
+    await registry.upsert("org_a", 1, ids[1001:], ["conv"], vectors[1001:])  # nlist centroids
+    await registry.upsert("org_a", 1, ["c0", "c1"], ["conv"] * 2, vectors[:2])  # twice as many
+    await registry.upsert("org_b", 1, ids[2:7], ["conv"] * 5, vectors[2:7])  # past INLINE_WRITE
+    loop = threading.current_thread().name
+    assert threads[:2] == [loop, loop]
+    assert threads[2].startswith("test-request") and threads[3].startswith("test-request")
+    hits = await registry.search("org_a", 1, vectors[1001:1002], 1, [])
+    assert hits[0].chunk_id == "c1001"
