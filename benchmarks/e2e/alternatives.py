@@ -119,6 +119,10 @@ class HybridResult:
     keyword_share: float  # questions whose full-text half matched any chunk
     rest_p50_ms: float  # the service's REST search beside it, its embedding taken out
     rest_p99_ms: float
+    # Shares of the answerable questions whose best 10 hold the answer (evidence.Evidence):
+    # the statement's and the REST search's.
+    answered: float | None
+    rest_answered: float | None
     notes: str
 
     def row(self) -> dict[str, Any]:
@@ -128,13 +132,15 @@ class HybridResult:
 @dataclass(frozen=True)
 class HybridProbe:
     """What the hybrid statement is timed beside: `rest` asks the service's REST search one
-    question and returns its time in seconds, the embedding taken out; `questions` in the
-    order of the query vectors; `vector_recall`, the service's vector ranking's recall@10, to
-    pick the vector half's ef_search by."""
+    question and returns its time in seconds, the embedding taken out, and the ids found;
+    `questions` in the order of the query vectors; `vector_recall`, the service's vector
+    ranking's recall@10, to pick the vector half's ef_search by; `answered`, the share of
+    the questions whose best 10 (ids, in order) hold the answer."""
 
-    rest: Callable[[str], Awaitable[float]]
+    rest: Callable[[str], Awaitable[tuple[float, list[str]]]]
     questions: list[str]
     vector_recall: float
+    answered: Callable[[list[list[str]]], float | None]
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -350,17 +356,20 @@ async def hybrid_beside(
             matched = [await matches.fetchval(question) for question in hybrid.questions]
             keyword_shares[tsquery] = sum(matched) / len(matched)
         statement_times, rest_times = [], []
+        statement_found, rest_found = [], []
         for step, (vector, question) in enumerate(pairs[:WARMUP] + pairs):
             if step % 2:
-                rest = await hybrid.rest(question)
+                rest, rest_ids = await hybrid.rest(question)
             t0 = time.perf_counter()
-            await stmt.fetch(vector, question)
+            rows = await stmt.fetch(vector, question)
             took = time.perf_counter() - t0
             if not step % 2:
-                rest = await hybrid.rest(question)
+                rest, rest_ids = await hybrid.rest(question)
             if step >= WARMUP:
                 statement_times.append(took)
                 rest_times.append(rest)
+                statement_found.append([r["id"] for r in rows])
+                rest_found.append(rest_ids)
         p50, p99 = percentiles(statement_times)
         rest_p50, rest_p99 = percentiles(rest_times)
         results.append(
@@ -373,6 +382,8 @@ async def hybrid_beside(
                 keyword_share=keyword_shares[tsquery],
                 rest_p50_ms=rest_p50,
                 rest_p99_ms=rest_p99,
+                answered=hybrid.answered(statement_found),
+                rest_answered=hybrid.answered(rest_found),
                 notes=f"each half's best {2 * K}, reciprocal rank fusion (k {RRF_K}), the best "
                 f"{K} with their text; full text: {tsquery.format('question')}"
                 + (f", its first {cap} matches" if cap else "")

@@ -31,11 +31,21 @@ def respelt(text: str, pass_no: int) -> str:
 def conversations(data: Path, respell: bool = True) -> Iterator[list[dict[str, str]]]:
     """LongMemEval s150 conversations' messages, over and over, respelt in each pass (with
     `respell`; else exact copies)."""
+    return (messages for _, messages in keyed_conversations(data, respell))
+
+
+def keyed_conversations(
+    data: Path, respell: bool = True
+) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """As `conversations`, each with its LongMemEval `conversation_key` (the questions name
+    their conversation by it)."""
     with gzip.open(data / "s150.conversations.jsonl.gz", "rt") as f:
-        convs = [json.loads(line)["messages"] for line in f]
+        convs = [json.loads(line) for line in f]
     for pass_no in itertools.count():
-        for messages in convs:
-            yield [
-                {"role": m["role"], "content": respelt(m["content"], pass_no if respell else 0)}
-                for m in messages
+        spelling = pass_no if respell else 0
+        for conv in convs:
+            messages = [
+                {"role": m["role"], "content": respelt(m["content"], spelling)}
+                for m in conv["messages"]
             ]
+            yield conv["conversation_key"], messages

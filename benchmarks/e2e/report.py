@@ -94,6 +94,15 @@ def equal_recall_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _hybrid_label(row: dict[str, Any]) -> str:
+    """A hybrid variant's name, its keyword matches and, where measured, the share of the
+    questions each side answered (service / pgvector)."""
+    label = f"{row['system'].split('-hybrid-')[1]}\nkeywords {row['keyword_share']:.0%}"
+    if row.get("answered") is not None and row.get("rest_answered") is not None:
+        label += f"\nanswered {row['rest_answered']:.0%} / {row['answered']:.0%}"
+    return label
+
+
 def _hybrid(row: dict[str, Any]) -> bool:
     """A hybrid statement timed beside the REST search (alternatives.HybridResult)."""
     return "-hybrid-" in row["system"]
@@ -199,14 +208,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     hybrid = [r for r in rows if _hybrid(r) and r["service_chunks"] == largest]
     ax6.set_title(f"hybrid search p50, timed beside, {top['chunks']:,} chunks")
     if hybrid:
-        labels = [
-            f"{r['system'].split('-hybrid-')[1]}\nkeywords matched {r['keyword_share']:.0%}"
-            for r in hybrid
-        ]
         x = np.arange(len(hybrid))
         ax6.bar(x - 0.2, [r["rest_p50_ms"] for r in hybrid], 0.4, label="memory service (REST)")
         ax6.bar(x + 0.2, [r["search_p50_ms"] for r in hybrid], 0.4, label="pgvector + full text")
-        ax6.set_xticks(x, labels)
+        ax6.set_xticks(x, [_hybrid_label(r) for r in hybrid], fontsize=6)
         ax6.set(ylabel="ms, embedding taken out", yscale="log")
         ax6.legend(fontsize=7)
     else:

@@ -23,8 +23,10 @@ it measures:
   latency p50/p99 over LongMemEval questions, one client, org-wide, limit 10; REST also as
   the service's Server-Timing total (`server`, query embedding included) and as its `own`
   time, with two of its parts: `lexical` (the full-text ranking) and `rows` (reading the hits'
-  chunk rows); and the vector ranking's recall@10 against exact search over the org's stored
-  vectors;
+  chunk rows); the vector ranking's recall@10 against exact search over the org's stored
+  vectors; and the share of the questions whose answer the org holds that each search
+  answered (`*_answered`: a LongMemEval evidence message in one of its best 10, in any copy
+  of the question's conversation; benchmarks/e2e/evidence.py);
 - the vector ranking alone, timed as the alternatives are: the shard's gRPC Search handed
   the query vectors, at its calibrated nprobe and, for an IVF org, at others (recall against
   latency);
@@ -39,7 +41,8 @@ it measures:
   half's best 20 fused by reciprocal rank, the best 10 read with their text; full text
   matching all of the question's words, or any of them, all its matches ranked or the first
   500), taking turns with the service's REST search of the same question, timed as its
-  client sees it with the embedding taken out (`*-hybrid-*` rows, the last panel).
+  client sees it with the embedding taken out, and the questions each answered
+  (`*-hybrid-*` rows, the last panel).
 
 Before the timed appends and searches it waits for the outbox to drain and the term
 statistics to be counted, and vacuums what the growth wrote: the timings are those of a
@@ -85,8 +88,9 @@ from alternatives import (
     percentiles,
 )
 from beside import ShardProbe
-from corpus import conversations
+from corpus import conversations, keyed_conversations
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
+from evidence import Evidence
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from own_time import without_embedding
@@ -119,7 +123,8 @@ def progress(message: str) -> None:
 
 class Growth:
     """Grows the org through POST /api/v1/messages, `clients` conversations at a time, each
-    call `batch` messages; `call_ms` holds every call's latency."""
+    call `batch` messages; `call_ms` holds every call's latency, `keys` each conversation's
+    LongMemEval key."""
 
     def __init__(
         self,
@@ -129,12 +134,13 @@ class Growth:
         batch: int = GROWTH_BATCH,
     ) -> None:
         self._http = http
-        self._source = conversations(data)
+        self._source = keyed_conversations(data)
         self._clients = clients
         self._batch = batch
         self.chunks = 0
         self.messages = 0
         self.call_ms: list[float] = []
+        self.keys: dict[str, str] = {}
 
     async def to(self, target_chunks: int) -> dict[str, float]:
         start_chunks, start_messages = self.chunks, self.messages
@@ -144,10 +150,11 @@ class Growth:
         async def client() -> None:
             nonlocal last_report
             while self.chunks < target_chunks:
-                messages = next(self._source)
+                key, messages = next(self._source)
                 r = await self._http.post("/api/v1/conversations", json={})
                 r.raise_for_status()
                 cid = r.json()["conversation_id"]
+                self.keys[cid] = key
                 for i in range(0, len(messages), self._batch):
                     batch = messages[i : i + self._batch]
                     t0 = time.perf_counter()
@@ -222,10 +229,10 @@ async def append_latency(
 
 async def search_latency(
     base_url: str, key: str, questions: list[str]
-) -> tuple[dict[str, Any], list[list[str]]]:
-    """REST and MCP search latency; the MCP (vector) results, for recall."""
+) -> tuple[dict[str, Any], list[list[str]], list[list[str]]]:
+    """REST and MCP search latency; the MCP (vector) and REST (hybrid) results' ids."""
     headers = {"Authorization": f"Bearer {key}"}
-    rest, rest_server, rest_own, mcp_times, found = [], [], [], [], []
+    rest, rest_server, rest_own, mcp_times, found, rest_found = [], [], [], [], [], []
     rest_parts: dict[str, list[float]] = {"lexical": [], "rows": []}
     async with (
         httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http,
@@ -236,7 +243,8 @@ async def search_latency(
             await rest_search(http, q)
             await mcp.call_tool("search", {"query": q, "limit": K})
         for q in questions:
-            took, parts = await rest_search(http, q)
+            took, parts, ids = await rest_search(http, q)
+            rest_found.append(ids)
             rest.append(took)
             rest_server.append(parts["total"] / 1000)
             rest_own.append(without_embedding(parts) / 1000)
@@ -271,24 +279,29 @@ async def search_latency(
     for name, times in rest_parts.items():  # two of the service's parts, for where time goes
         p50, p99 = percentiles(times)
         figures[f"rest_search_{name}_p50_ms"], figures[f"rest_search_{name}_p99_ms"] = p50, p99
-    return figures, found
+    return figures, found, rest_found
 
 
-async def rest_search(http: httpx.AsyncClient, question: str) -> tuple[float, dict[str, float]]:
-    """One REST search of `question`, org-wide, limit K: seconds as its client sees them, and
-    its Server-Timing parts (ms)."""
+async def rest_search(
+    http: httpx.AsyncClient, question: str
+) -> tuple[float, dict[str, float], list[str]]:
+    """One REST search of `question`, org-wide, limit K: seconds as its client sees them, its
+    Server-Timing parts (ms) and the ids of what it found."""
     t0 = time.perf_counter()
     r = await http.get("/api/v1/search", params={"q": question, "limit": K})
     took = time.perf_counter() - t0
     r.raise_for_status()
-    return took, timing.parse(r.headers["server-timing"])
+    ids = [hit["chunk_id"] for hit in r.json()["results"]]
+    return took, timing.parse(r.headers["server-timing"]), ids
 
 
-async def rest_search_without_embedding(http: httpx.AsyncClient, question: str) -> float:
+async def rest_search_without_embedding(
+    http: httpx.AsyncClient, question: str
+) -> tuple[float, list[str]]:
     """One REST search of `question`: seconds as its client sees them, less the embedding's
-    share of the server's time (own_time.without_embedding)."""
-    took, parts = await rest_search(http, question)
-    return took - (parts["total"] - without_embedding(parts)) / 1000
+    share of the server's time (own_time.without_embedding), and the ids it found."""
+    took, parts, ids = await rest_search(http, question)
+    return took - (parts["total"] - without_embedding(parts)) / 1000, ids
 
 
 async def query_vectors(embed_address: str, questions: list[str]) -> np.ndarray:
@@ -371,6 +384,16 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     finally:
         await conn.close()
     return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
+
+
+async def chunk_windows(pg_url: str) -> list[tuple[str, str, int]]:
+    """Every chunk's (chunk_id, conversation_id, start_sequence), for Evidence."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        rows = await conn.fetch("SELECT chunk_id, conversation_id, start_sequence FROM chunks")
+    finally:
+        await conn.close()
+    return [(r[0], r[1], r[2]) for r in rows]
 
 
 async def shard_probe(
@@ -461,8 +484,9 @@ async def measure(
     """Grow, time and compare at each size; `save` the rows so far after each step (a long
     run that fails late keeps what it measured)."""
     lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-    questions = [json.loads(line)["question"] for line in lines]
-    questions = list(itertools.islice(itertools.cycle(questions), args.queries))
+    records = [json.loads(line) for line in lines]
+    records = list(itertools.islice(itertools.cycle(records), args.queries))
+    questions = [record["question"] for record in records]
     rows: list[dict[str, Any]] = []
     headers = {"Authorization": f"Bearer {key}"}
     meter = CpuMeter(args.data_dir / "postgres")
@@ -498,13 +522,17 @@ async def measure(
                 f"{row['append_turn_p50_ms']:.1f} and {row['append_turn_own_p50_ms']:.1f} ms"
             )
             await settle(args, pg_url)
-            figures, found = await search_latency(base_url, key, questions)
+            figures, found, rest_found = await search_latency(base_url, key, questions)
             row.update(figures)
             corpus = await stored_corpus(pg_url, with_texts=size <= args.alternatives_max)
             queries = await query_vectors(args.embed_address, questions)
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
             row["recall_at_10"] = recall(found)
+            evidence = Evidence(records, await chunk_windows(pg_url), growth.keys)
+            row["answerable_questions"] = evidence.answerable
+            row["rest_search_answered"] = evidence(rest_found)
+            row["mcp_search_answered"] = evidence(found)
             probe, stats = await shard_probe(args, pg_url)
             row.update(await shard_search(probe, stats, queries, recall))
             probe = replace(probe, recalls=tuple((n, share) for n, _, share in shard_curve(row)))
@@ -515,7 +543,7 @@ async def measure(
             if size > args.alternatives_max:
                 continue
             rest = functools.partial(rest_search_without_embedding, http)
-            hybrid = HybridProbe(rest, questions, row["recall_at_10"])
+            hybrid = HybridProbe(rest, questions, row["recall_at_10"], evidence)
             compared = alternatives(
                 args, size, pg_url, corpus, queries, recall, meter, probe, hybrid
             )
@@ -526,7 +554,8 @@ async def measure(
                         share = result.rest_p50_ms / result.search_p50_ms
                         progress(
                             f"  the REST search took {share:.2f}x the time of "
-                            f"{result.system}, timed beside it"
+                            f"{result.system}, timed beside it; answered "
+                            f"{_share(result.rest_answered)} against {_share(result.answered)}"
                         )
                     rows.append({**result.row(), "service_chunks": size})
                 save(rows)
@@ -541,6 +570,10 @@ async def measure(
                     "time, timed beside it"
                 )
     return rows
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 async def alternatives(
