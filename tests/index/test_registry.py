@@ -18,6 +18,19 @@ from index_service.registry import Registry
 from tests.index.helpers import DIM, clustered
 
 
+def threads_running(monkeypatch: pytest.MonkeyPatch, method: str) -> list[str]:
+    """The names of the threads that OrgIndex.<method> runs on from now, call by call."""
+    threads: list[str] = []
+    original = getattr(OrgIndex, method)
+
+    def recording(self: OrgIndex, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return original(self, *args)
+
+    monkeypatch.setattr(OrgIndex, method, recording)
+    return threads
+
+
 @pytest.fixture
 def registry() -> Iterator[Registry]:
     work = ThreadPoolExecutor(2, thread_name_prefix="test-work")
@@ -61,14 +74,7 @@ async def test_a_cancelled_write_keeps_its_org_locked_until_its_thread_returns(
 async def test_request_sized_upserts_run_on_request_threads_and_bulk_ones_on_work(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads: list[str] = []
-    upsert = OrgIndex.upsert
-
-    def recording_upsert(self: OrgIndex, *args: Any) -> int:
-        threads.append(threading.current_thread().name)
-        return upsert(self, *args)
-
-    monkeypatch.setattr(OrgIndex, "upsert", recording_upsert)
+    threads = threads_running(monkeypatch, "upsert")
     vectors = clustered(300, seed=6).astype(np.float32)
     ids = [f"c{i}" for i in range(300)]
     await registry.upsert("org_a", 1, ids[:17], ["conv"] * 17, vectors[:17])
@@ -112,14 +118,7 @@ async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_thr
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small scans skip the hop to a request thread; a long one would hold up the shard."""
-    threads: list[str] = []
-    search = OrgIndex.search
-
-    def recording_search(self: OrgIndex, *args: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return search(self, *args)
-
-    monkeypatch.setattr(OrgIndex, "search", recording_search)
+    threads = threads_running(monkeypatch, "search")
     monkeypatch.setattr(registry_module, "INLINE_VECTORS", 100)
     vectors = clustered(300, seed=7).astype(np.float32)
     ids = [f"c{i}" for i in range(300)]
@@ -138,20 +137,13 @@ async def test_an_appends_upsert_runs_on_the_event_loop_where_its_lists_are_few(
 ) -> None:
     """A few vectors into a flat org, or into an IVF org with few enough centroids to score,
     skip the hop to a request thread; into one with more lists they take it."""
-    threads: list[str] = []
-    upsert = OrgIndex.upsert
-
-    def recording_upsert(self: OrgIndex, *args: Any) -> int:
-        threads.append(threading.current_thread().name)
-        return upsert(self, *args)
-
     vectors = clustered(1002, seed=9).astype(np.float32)
     ids = [f"c{i}" for i in range(1002)]
     await registry.upsert("org_a", 1, ids[:1001], ["conv"] * 1001, vectors[:1001])
     await registry.settle()  # past the flat threshold: rebuilt as IVF
     ivf = await registry.stats("org_a", 1)
     assert ivf.index_kind == "ivf"
-    monkeypatch.setattr(OrgIndex, "upsert", recording_upsert)
+    threads = threads_running(monkeypatch, "upsert")
     monkeypatch.setattr(registry_module, "INLINE_VECTORS", ivf.nlist)
 
     await registry.upsert("org_b", 1, ["b0", "b1"], ["conv"] * 2, vectors[:2])  # flat
