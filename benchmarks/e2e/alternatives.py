@@ -85,6 +85,7 @@ RRF_K = 60
 class Corpus:
     ids: list[str]  # chunk ids
     conversation_ids: list[str]
+    start_sequences: list[int]  # each chunk's first message (evidence.Evidence)
     texts: list[bytes]  # UTF-8: as str, respelt text took 2 bytes a character (10 GB at 1M)
     vectors: np.ndarray  # (n, 768) float32, unit norm
 

@@ -14,9 +14,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from api_service.core.chunking import WINDOW
+from alternatives import K
 
-K = 10
+from api_service.core.chunking import WINDOW
 
 
 class Evidence:

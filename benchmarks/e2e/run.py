@@ -360,12 +360,14 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
     into one array: all rows at once held the vectors three times over (9 GB at 1M)."""
     text = "convert_to(c.text, 'UTF8')" if with_texts else "''::bytea"
     query = (
-        f"SELECT c.chunk_id, c.conversation_id, {text}, v.embedding FROM chunks c "  # noqa: S608 (a fixed column)
+        f"SELECT c.chunk_id, c.conversation_id, c.start_sequence, {text}, v.embedding "  # noqa: S608 (a fixed column)
+        "FROM chunks c "
         "JOIN chunk_vectors v USING (org_id, conversation_id, start_sequence, version) "
         "ORDER BY c.chunk_id"
     )
     ids: list[str] = []
     conversation_ids: list[str] = []
+    start_sequences: list[int] = []
     texts: list[bytes] = []
     conn = await asyncpg.connect(pg_url)
     try:
@@ -378,22 +380,13 @@ async def stored_corpus(pg_url: str, with_texts: bool) -> Corpus:
                 start = len(ids)
                 ids += [r[0] for r in rows]
                 conversation_ids += [r[1] for r in rows]
-                texts += [r[2] for r in rows]
-                raw = b"".join(r[3] for r in rows)
+                start_sequences += [r[2] for r in rows]
+                texts += [r[3] for r in rows]
+                raw = b"".join(r[4] for r in rows)
                 vectors[start : len(ids)] = np.frombuffer(raw, "<f4").reshape(len(rows), -1)
     finally:
         await conn.close()
-    return Corpus(ids, conversation_ids, texts, vectors[: len(ids)])
-
-
-async def chunk_windows(pg_url: str) -> list[tuple[str, str, int]]:
-    """Every chunk's (chunk_id, conversation_id, start_sequence), for Evidence."""
-    conn = await asyncpg.connect(pg_url)
-    try:
-        rows = await conn.fetch("SELECT chunk_id, conversation_id, start_sequence FROM chunks")
-    finally:
-        await conn.close()
-    return [(r[0], r[1], r[2]) for r in rows]
+    return Corpus(ids, conversation_ids, start_sequences, texts, vectors[: len(ids)])
 
 
 async def shard_probe(
@@ -529,7 +522,8 @@ async def measure(
             recall = Recall(corpus, queries)
             row["chunks"] = len(corpus.ids)
             row["recall_at_10"] = recall(found)
-            evidence = Evidence(records, await chunk_windows(pg_url), growth.keys)
+            windows = zip(corpus.ids, corpus.conversation_ids, corpus.start_sequences, strict=True)
+            evidence = Evidence(records, windows, growth.keys)
             row["answerable_questions"] = evidence.answerable
             row["rest_search_answered"] = evidence(rest_found)
             row["mcp_search_answered"] = evidence(found)
