@@ -31,11 +31,10 @@ from typing import Any, Literal
 
 import numpy as np
 import psutil
-from beside import WARMUP, ShardProbe, alternate
+from beside import WARMUP, K, ShardProbe, alternate
 from cpu import seconds
 
 BATCH = 1_000
-K = 10
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 64
 # pgvector and Chroma are asked at several ef_search values (pgvector's default is 40,

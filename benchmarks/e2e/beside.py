@@ -31,7 +31,7 @@ import numpy as np
 
 from memory_proto import index_pb2, index_pb2_grpc
 
-K = 10
+K = 10  # every system returns the ids of its best 10, as the shard's Search does
 WARMUP = 10  # untimed turns of both before the timed ones
 
 

@@ -17,7 +17,8 @@ import sys
 
 import faiss
 import numpy as np
-from recall_at_size import DATA, K, chunk_texts, embed
+from beside import K
+from recall_at_size import DATA, chunk_texts, embed
 
 from embed_service.hashing import HashingEmbedder
 from index_service.stores import _exact, _noisy, build_ivf, recall_by_score

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from alternatives import K
+from beside import K
 
 from api_service.core.chunking import WINDOW
 

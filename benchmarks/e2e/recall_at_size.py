@@ -24,6 +24,7 @@ from typing import Any
 import faiss
 import matplotlib
 import numpy as np
+from beside import K
 from corpus import conversations
 
 from api_service.core.chunking import chunk_text, window_end, window_starts_touching
@@ -34,7 +35,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "longmemeval"
-K = 10
 
 
 def progress(message: str) -> None:

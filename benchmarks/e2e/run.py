@@ -87,7 +87,7 @@ from alternatives import (
     bench_pgvector,
     percentiles,
 )
-from beside import ShardProbe
+from beside import K, ShardProbe
 from corpus import conversations, keyed_conversations
 from cpu import BENCHMARK, POSTGRES, CpuMeter, per_chunk_ms
 from evidence import Evidence
@@ -102,6 +102,7 @@ from api_service.settings import Limits
 from api_service.store import lexical
 from api_service.store.embedded import start_embedded
 from index_service.routing import routing_epoch
+from index_service.stores import NPROBE_STEPS
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
@@ -109,12 +110,8 @@ ROOT = HERE.parents[1]
 DATA = ROOT.parent / "shared" / "data" / "longmemeval"
 GROWTH_CLIENTS = 4
 GROWTH_BATCH = 50
-K = 10
 # Server-Timing parts of an append the benchmark reports on their own, for where its time goes.
 APPEND_PARTS = ("write", "embed_wait", "vectors", "index")
-# nprobe values the shard's vector search is also timed at (IVF only), for recall against
-# latency; the alternatives are compared with the one that finds as much as each setting.
-SHARD_NPROBES = (8, 16, 32, 64, 128, 256, 512)
 
 
 def progress(message: str) -> None:
@@ -411,7 +408,9 @@ async def shard_search(
 ) -> dict[str, Any]:
     """The service's vector ranking timed as the alternatives are: handed the query vector,
     one client, over its connection (the shard's gRPC Search; no HTTP, authentication,
-    embedding or chunk rows). At the calibrated nprobe, and for an IVF org at SHARD_NPROBES."""
+    embedding or chunk rows). At the calibrated nprobe, and for an IVF org at each nprobe its
+    calibration could choose (NPROBE_STEPS below its lists), for recall against latency: the
+    alternatives are compared with the smallest that finds as much as each setting."""
     org_id, epoch = probe.org_id, probe.epoch
     async with grpc.aio.insecure_channel(probe.address) as channel:
         shard = index_pb2_grpc.IndexServiceStub(channel)
@@ -437,7 +436,7 @@ async def shard_search(
         figures: dict[str, Any] = {"shard_nlist": stats.nlist, "shard_nprobe": stats.nprobe}
         p50, p99, figures["shard_recall_at_10"] = await timed(0)
         figures["shard_search_p50_ms"], figures["shard_search_p99_ms"] = p50, p99
-        for nprobe in (n for n in SHARD_NPROBES if n < stats.nlist):
+        for nprobe in (n for n in NPROBE_STEPS if n < stats.nlist):
             p50, p99, found_share = await timed(nprobe)
             figures[f"shard_nprobe{nprobe}_p50_ms"] = p50
             figures[f"shard_nprobe{nprobe}_p99_ms"] = p99
