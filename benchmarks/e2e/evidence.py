@@ -22,7 +22,8 @@ from api_service.core.chunking import WINDOW
 class Evidence:
     """The chunks that hold each timed question's answer, from the questions' records (in the
     order they were asked), every chunk's (chunk_id, conversation_id, start_sequence) and the
-    LongMemEval key of each conversation the corpus wrote."""
+    LongMemEval key of each conversation the corpus wrote. A question asked more than once
+    (the timing cycles through them) counts once, at its first ask."""
 
     def __init__(
         self,
@@ -41,12 +42,18 @@ class Evidence:
             key = keys.get(conversation_id)
             if key in wanted and any(start <= s < start + WINDOW for s in wanted[key]):
                 holding[key].add(chunk_id)
-        self._answers = [frozenset(holding.get(q["conversation_key"], ())) for q in questions]
+        first_asks = {q["question_id"]: i for i, q in reversed(list(enumerate(questions)))}
+        self._answers = [
+            frozenset(
+                holding.get(q["conversation_key"], ()) if first_asks[q["question_id"]] == i else ()
+            )
+            for i, q in enumerate(questions)
+        ]
 
     @property
     def answerable(self) -> int:
-        """Questions whose answer the org holds (abstentions, and questions whose conversation
-        the growth has not reached yet, have none)."""
+        """Distinct questions whose answer the org holds (abstentions, and questions whose
+        conversation the growth has not reached yet, have none)."""
         return sum(1 for answers in self._answers if answers)
 
     def __call__(self, found: list[list[str]]) -> float | None:

@@ -28,8 +28,8 @@ it measures:
   answered (`*_answered`: a LongMemEval evidence message in one of its best 10, in any copy
   of the question's conversation; benchmarks/e2e/evidence.py);
 - the vector ranking alone, timed as the alternatives are: the shard's gRPC Search handed
-  the query vectors, at its calibrated nprobe and, for an IVF org, at others (recall against
-  latency);
+  the query vectors, at its calibrated nprobe and, for an IVF org, at every other its
+  calibration could choose (recall against latency);
 - the alternatives: the org's chunks, with the vectors the service stored, loaded into
   pgvector (HNSW, in the same PostgreSQL server; bare, and with the full-text index the
   service's hybrid search needs) and Chroma, and asked the same query vectors
