@@ -42,13 +42,14 @@ class Evidence:
             key = keys.get(conversation_id)
             if key in wanted and any(start <= s < start + WINDOW for s in wanted[key]):
                 holding[key].add(chunk_id)
-        first_asks = {q["question_id"]: i for i, q in reversed(list(enumerate(questions)))}
-        self._answers = [
-            frozenset(
-                holding.get(q["conversation_key"], ()) if first_asks[q["question_id"]] == i else ()
+        asked: set[str] = set()
+        self._answers: list[frozenset[str]] = []
+        for q in questions:
+            first_ask = q["question_id"] not in asked
+            asked.add(q["question_id"])
+            self._answers.append(
+                frozenset(holding.get(q["conversation_key"], ()) if first_ask else ())
             )
-            for i, q in enumerate(questions)
-        ]
 
     @property
     def answerable(self) -> int:
