@@ -72,13 +72,9 @@ async def search(
 
 
 async def chunk_count(conn: Conn, org_id: str) -> int:
-    """The org's chunk count from its conversations' message counts: one window starts at
-    every third message."""
-    count = await conn.fetchval(
-        "SELECT coalesce(sum((message_count + 2) / 3), 0) FROM conversations WHERE org_id = $1",
-        org_id,
-    )
-    return int(count)
+    """The org's chunk count from its conversations' message counts (the SQL function
+    `org_chunk_count`, migration 0015, which the exact plan counts its scope with)."""
+    return int(await conn.fetchval("SELECT org_chunk_count($1, NULL)", org_id))
 
 
 async def stats_chunk_count(conn: Conn, org_id: str) -> int | None:

@@ -12,8 +12,14 @@ import asyncpg
 import pytest
 
 from api_service import indexer
+from api_service.auth import Principal
 from api_service.clients import EmbedClient, IndexRouter
+from api_service.core import chunking
+from api_service.core.memory import MemoryService
+from api_service.settings import Limits
 from api_service.store import admin, lexical
+from api_service.store.db import create_pool
+from api_service.store.records import NewMessage
 
 FILLER = "we talked about the weather and the garden and the plans for the weekend"
 
@@ -110,6 +116,51 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     await lexical.keep_stats(conn, "org_big")
     assert await lexical.stats_chunk_count(conn, "org_big") is None
     assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_big'") == 0
+
+
+async def test_the_chunk_count_from_message_counts_is_the_org_s_chunks(database_url: str) -> None:
+    """BM25's N in both plans, and the statistics' drift, come from the conversations' message
+    counts (a window starts at every third message), never from reading the chunks: they must
+    be the chunks there are, through appends of every size, edits and deletes."""
+    assert chunking.STRIDE == 3  # org_chunk_count's SQL (migration 0015)
+    who = Principal("org_count", "key_count", frozenset({"read", "write"}))
+    pool = await create_pool(database_url, 1, 1)
+    try:
+        async with pool.acquire() as conn:
+            await admin.create_org(conn, who.org_id, "count", None)
+        memory = MemoryService(pool, Limits(), semantic=None)  # type: ignore[arg-type]
+        conversations = [
+            (await memory.create_conversation(who))["conversation_id"] for _ in range(3)
+        ]
+        sizes = [1, 2, 3, 4, 5, 7, 11]
+        for i, size in enumerate(sizes):
+            notes = [NewMessage("user", f"note {i}.{j}") for j in range(size)]
+            appended = await memory.append_messages(who, conversations[i % 3], notes)
+        await memory.append_messages(who, None, [NewMessage("user", "to the default memory")])
+        await memory.update_message(who, conversations[0], appended["message_ids"][0], "edited")
+
+        async def counted() -> tuple[int, int]:
+            async with pool.acquire() as conn:
+                chunks = await conn.fetchval(
+                    "SELECT count(*) FROM chunks WHERE org_id = $1", who.org_id
+                )
+                some = conversations[:1]
+                assert await conn.fetchval(
+                    "SELECT org_chunk_count($1, $2)", who.org_id, some
+                ) == await conn.fetchval(
+                    "SELECT count(*) FROM chunks WHERE org_id = $1 AND conversation_id = ANY($2)",
+                    who.org_id,
+                    some,
+                )
+                return await lexical.chunk_count(conn, who.org_id), chunks
+
+        derived, chunks = await counted()
+        assert derived == chunks > len(sizes)
+        await memory.delete_conversation(who, conversations[1])
+        derived, fewer = await counted()
+        assert derived == fewer < chunks
+    finally:
+        await pool.close()
 
 
 def test_term_statistics_are_recounted_once_the_org_doubles_or_halves() -> None:
