@@ -8,6 +8,12 @@ own data folder and grows one org through the public REST API with LongMemEval s
 conversations, repeated under new conversation ids and respelt (see respelt). At each size
 it measures:
 
+The REST calls go through aiohttp, not httpx (which the MCP SDK takes, so the MCP calls here
+use it). On a 2-core Xeon a call to /healthz took 3.2 ms through httpx, 0.8 through aiohttp
+and 0.6 by hand, and a search cost the client 3.8 ms of CPU through httpx against 0.9
+(benchmarks/e2e/rest_clients.py): time the REST search was charged beside statements sent by
+asyncpg, and CPU the load generator took from the two cores the service runs on.
+
 - growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
   messages a call; `--growth-batch 500` sends whole conversations, as a bulk import would
   and as the alternatives are loaded, 1,000 rows a call); each append returns once its
@@ -74,6 +80,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import grpc
 import httpx
@@ -125,7 +132,7 @@ class Growth:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: aiohttp.ClientSession,
         data: Path,
         clients: int = GROWTH_CLIENTS,
         batch: int = GROWTH_BATCH,
@@ -148,18 +155,13 @@ class Growth:
             nonlocal last_report
             while self.chunks < target_chunks:
                 key, messages = next(self._source)
-                r = await self._http.post("/api/v1/conversations", json={})
-                r.raise_for_status()
-                cid = r.json()["conversation_id"]
+                cid = await new_conversation(self._http, {})
                 self.keys[cid] = key
                 for i in range(0, len(messages), self._batch):
                     batch = messages[i : i + self._batch]
                     t0 = time.perf_counter()
-                    r = await self._http.post(
-                        "/api/v1/messages", json={"conversation_id": cid, "messages": batch}
-                    )
+                    await post(self._http, cid, batch)
                     self.call_ms.append((time.perf_counter() - t0) * 1000)
-                    r.raise_for_status()
                     self.messages += len(batch)
                 # One window starts at every third message.
                 self.chunks += (len(messages) + 2) // 3
@@ -182,6 +184,25 @@ class Growth:
         }
 
 
+async def new_conversation(http: aiohttp.ClientSession, body: dict[str, Any]) -> str:
+    """A new conversation's id."""
+    async with http.post("/api/v1/conversations", json=body) as r:
+        r.raise_for_status()
+        return str((await r.json())["conversation_id"])
+
+
+async def post(
+    http: aiohttp.ClientSession, cid: str, messages: list[dict[str, str]]
+) -> dict[str, float]:
+    """Append `messages` to conversation `cid`; its Server-Timing parts (ms)."""
+    async with http.post(
+        "/api/v1/messages", json={"conversation_id": cid, "messages": messages}
+    ) as r:
+        await r.read()
+        r.raise_for_status()
+        return timing.parse(r.headers["server-timing"])
+
+
 def samples_ms(times: list[float]) -> list[float]:
     """Latencies in seconds as milliseconds, in the order taken, for the results' `samples`
     (a tail is read from them: which calls were slow, early ones or spread)."""
@@ -189,27 +210,21 @@ def samples_ms(times: list[float]) -> list[float]:
 
 
 async def append_latency(
-    http: httpx.AsyncClient, count: int, messages: list[dict[str, str]], name: str
+    http: aiohttp.ClientSession, count: int, messages: list[dict[str, str]], name: str
 ) -> dict[str, Any]:
     """`count` one-message appends of `messages` in turn (after 10 untimed), one client, into
     a conversation of their own: the whole request as the client sees it, and the service's
     own time with the embedding taken out, as `<name>_...` figures."""
-    r = await http.post("/api/v1/conversations", json={"title": f"{name} latency"})
-    r.raise_for_status()
-    cid = r.json()["conversation_id"]
+    cid = await new_conversation(http, {"title": f"{name} latency"})
     whole, own = [], []
     parts: dict[str, list[float]] = {part: [] for part in APPEND_PARTS}
     for i in range(count + 10):
         message = messages[i % len(messages)]
         t0 = time.perf_counter()
-        r = await http.post(
-            "/api/v1/messages", json={"conversation_id": cid, "messages": [message]}
-        )
+        timings = await post(http, cid, [message])
         took = time.perf_counter() - t0
-        r.raise_for_status()
         if i >= 10:  # warm-up
             whole.append(took)
-            timings = timing.parse(r.headers["server-timing"])
             own.append(without_embedding(timings) / 1000)
             for part, times in parts.items():
                 times.append(timings.get(part, 0.0) / 1000)
@@ -232,9 +247,9 @@ async def search_latency(
     rest, rest_server, rest_own, mcp_times, found, rest_found = [], [], [], [], [], []
     rest_parts: dict[str, list[float]] = {"lexical": [], "rows": []}
     async with (
-        httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120) as http,
-        httpx.AsyncClient(headers=headers, timeout=120) as http2,
-        Client(streamable_http_client(f"{base_url}/mcp", http_client=http2)) as mcp,
+        rest_session(base_url, key, timeout=120) as http,
+        httpx.AsyncClient(headers=headers, timeout=120) as mcp_http,
+        Client(streamable_http_client(f"{base_url}/mcp", http_client=mcp_http)) as mcp,
     ):
         for q in questions[:10]:  # warm-up, of both
             await rest_search(http, q)
@@ -279,21 +294,31 @@ async def search_latency(
     return figures, found, rest_found
 
 
+def rest_session(base_url: str, key: str, timeout: float) -> aiohttp.ClientSession:
+    """The REST client: an aiohttp session with the org's key."""
+    return aiohttp.ClientSession(
+        base_url,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=aiohttp.ClientTimeout(total=timeout),
+    )
+
+
 async def rest_search(
-    http: httpx.AsyncClient, question: str
+    http: aiohttp.ClientSession, question: str
 ) -> tuple[float, dict[str, float], list[str]]:
     """One REST search of `question`, org-wide, limit K: seconds as its client sees them, its
     Server-Timing parts (ms) and the ids of what it found."""
     t0 = time.perf_counter()
-    r = await http.get("/api/v1/search", params={"q": question, "limit": K})
+    async with http.get("/api/v1/search", params={"q": question, "limit": K}) as r:
+        body = await r.read()
     took = time.perf_counter() - t0
     r.raise_for_status()
-    ids = [hit["chunk_id"] for hit in r.json()["results"]]
+    ids = [hit["chunk_id"] for hit in json.loads(body)["results"]]
     return took, timing.parse(r.headers["server-timing"]), ids
 
 
 async def rest_search_without_embedding(
-    http: httpx.AsyncClient, question: str
+    http: aiohttp.ClientSession, question: str
 ) -> tuple[float, list[str]]:
     """One REST search of `question`: seconds as its client sees them, less the embedding's
     share of the server's time (own_time.without_embedding), and the ids it found."""
@@ -480,9 +505,8 @@ async def measure(
     records = list(itertools.islice(itertools.cycle(records), args.queries))
     questions = [record["question"] for record in records]
     rows: list[dict[str, Any]] = []
-    headers = {"Authorization": f"Bearer {key}"}
     meter = CpuMeter(args.data_dir / "postgres")
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=1800) as http:
+    async with rest_session(base_url, key, timeout=1800) as http:
         growth = Growth(http, args.data, batch=args.growth_batch)
         # Appends are timed with short notes, as in earlier runs, and with the turns of a
         # LongMemEval conversation (hundreds to thousands of characters), as agents send them.
