@@ -132,6 +132,12 @@ async def test_the_chunk_count_from_message_counts_is_the_org_s_chunks(database_
         conversations = [
             (await memory.create_conversation(who))["conversation_id"] for _ in range(3)
         ]
+        # Another org's conversation, named in a scope too: never counted.
+        other = Principal("org_count_other", "key_count_other", frozenset({"read", "write"}))
+        async with pool.acquire() as conn:
+            await admin.create_org(conn, other.org_id, "other", None)
+        theirs = (await memory.create_conversation(other))["conversation_id"]
+        await memory.append_messages(other, theirs, [NewMessage("user", "x")] * 7)
         sizes = [1, 2, 3, 4, 5, 7, 11]
         for i, size in enumerate(sizes):
             notes = [NewMessage("user", f"note {i}.{j}") for j in range(size)]
@@ -144,7 +150,7 @@ async def test_the_chunk_count_from_message_counts_is_the_org_s_chunks(database_
                 chunks = await conn.fetchval(
                     "SELECT count(*) FROM chunks WHERE org_id = $1", who.org_id
                 )
-                some = conversations[:1]
+                some = [conversations[0], theirs]
                 assert await conn.fetchval(
                     "SELECT org_chunk_count($1, $2)", who.org_id, some
                 ) == await conn.fetchval(
