@@ -8,12 +8,6 @@ own data folder and grows one org through the public REST API with LongMemEval s
 conversations, repeated under new conversation ids and respelt (see respelt). At each size
 it measures:
 
-The REST calls go through aiohttp, not httpx (which the MCP SDK takes, so the MCP calls here
-use it). On a 2-core Xeon a call to /healthz took 3.2 ms through httpx, 0.8 through aiohttp
-and 0.6 by hand, and a search cost the client 3.8 ms of CPU through httpx against 0.9
-(benchmarks/e2e/rest_clients.py): time the REST search was charged beside statements sent by
-asyncpg, and CPU the load generator took from the two cores the service runs on.
-
 - growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
   messages a call; `--growth-batch 500` sends whole conversations, as a bulk import would
   and as the alternatives are loaded, 1,000 rows a call); each append returns once its
@@ -62,6 +56,12 @@ latency in the order taken, to read a tail from (early calls, or spread).
 `own`: the time the request would take if embedding took none, from its Server-Timing parts
 (see own_time.without_embedding). The embedding runs beside other work, so subtracting its
 whole call would flatter the service.
+
+The REST calls go through aiohttp, not httpx (which the MCP SDK takes, so the MCP calls here
+use it). On a 2-core Xeon a call to /healthz took 3.2 ms through httpx, 0.8 through aiohttp
+and 0.6 by hand, and a search cost the client 3.8 ms of CPU through httpx against 0.9
+(benchmarks/e2e/rest_clients.py). That time was charged to the REST search beside statements
+sent by asyncpg, and that CPU taken from the two cores the service runs on.
 """
 
 from __future__ import annotations
