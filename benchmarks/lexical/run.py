@@ -6,7 +6,9 @@ new conversation ids up to --chunks, into one org; counts its term statistics; t
 questions org-wide through `lexical.search`, one round trip each: with the org-wide plan, by
 budget (the rarest words that fit the budget; when even the rarest word is common, the chunks
 holding both of the two rarest first), and exactly, as the reference (BM25 over every chunk
-holding a query word; slow on common words).
+holding a query word; slow on common words). With --capped, also the exact plan scoring at
+most that many matches, any of them (a search narrowed to conversations takes it, capped at
+lexical.EXACT_CAP; before, so did every org under 5,000 chunks).
 
 Overlap@10 compares chunk texts, not ids: repeated conversations make equal chunks, and any
 copy is as right as another.
@@ -20,7 +22,8 @@ With --full-text-storage external the chunks' full text is stored out of line (T
 before migration 0010, to compare with its place in the row (main, the schema's).
 
 Usage: python benchmarks/lexical/run.py [--chunks 100000] [--questions 150]
-       [--budgets 100 200 300 500] [--cold] [--full-text-storage main|external]
+       [--budgets 100 200 300 500] [--capped 500] [--cold]
+       [--full-text-storage main|external]
 Database: DATABASE_URL when set (the org is deleted afterwards), else an embedded PostgreSQL
 in a temporary folder.
 """
@@ -96,15 +99,21 @@ async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> 
     return loaded
 
 
-async def ask(
-    conn: asyncpg.Connection, org_id: str, question: str, budget: int | None
-) -> list[str]:
-    """The service's org-wide plan with `budget`; None: exact BM25, every match scored."""
-    if budget is None:
-        return await lexical.search(
-            conn, org_id, question, K, None, exact_below=INT_MAX, exact_cap=INT_MAX
-        )
-    return await lexical.search(conn, org_id, question, K, None, budget)
+# How a search is planned: `lexical.search`'s keyword arguments.
+Plan = dict[str, int]
+EXACT: Plan = {"exact_below": INT_MAX, "exact_cap": INT_MAX}  # every match scored
+
+
+def org_wide(budget: int) -> Plan:
+    return {"budget": budget, "exact_below": 0}
+
+
+def capped(cap: int) -> Plan:
+    return {"exact_below": INT_MAX, "exact_cap": cap}
+
+
+async def ask(conn: asyncpg.Connection, org_id: str, question: str, plan: Plan) -> list[str]:
+    return await lexical.search(conn, org_id, question, K, None, **plan)
 
 
 async def texts(conn: asyncpg.Connection, org_id: str, ids: list[str]) -> set[str]:
@@ -126,13 +135,13 @@ def restart_cold(server: Any) -> None:
 
 
 async def timed(
-    conn: asyncpg.Connection, org_id: str, questions: list[str], budget: int
+    conn: asyncpg.Connection, org_id: str, questions: list[str], plan: Plan
 ) -> tuple[list[float], list[list[str]]]:
     """Each question's latency in ms, and what it found."""
     times, found = [], []
     for q in questions:
         started = time.perf_counter()
-        found.append(await ask(conn, org_id, q, budget))
+        found.append(await ask(conn, org_id, q, plan))
         times.append(1000 * (time.perf_counter() - started))
     return times, found
 
@@ -172,20 +181,24 @@ async def run(
         exact: list[set[str]] | None = None
         if args.exact:
             progress(f"exact BM25 for {len(questions)} questions")
-            exact = [await texts(conn, org_id, await ask(conn, org_id, q, None)) for q in questions]
+            exact = [
+                await texts(conn, org_id, await ask(conn, org_id, q, EXACT)) for q in questions
+            ]
+        plans = [({"budget": b}, org_wide(b)) for b in args.budgets]
+        plans += [({"exact_cap": c}, capped(c)) for c in args.capped]
         results = []
-        for budget in args.budgets:
-            result: dict[str, Any] = {"budget": budget}
+        for named, plan in plans:
+            result: dict[str, Any] = dict(named)
             if cold is not None:
                 await conn.close()
                 await asyncio.to_thread(cold)
                 conn = await asyncpg.connect(database_url)
-                times, _ = await timed(conn, org_id, questions, budget)
+                times, _ = await timed(conn, org_id, questions, plan)
                 from_disk = percentiles(times)
                 result["cold_p50_ms"], result["cold_p90_ms"], result["cold_p99_ms"] = from_disk
             else:
-                await timed(conn, org_id, questions[:10], budget)  # warm-up
-            times, found = await timed(conn, org_id, questions, budget)
+                await timed(conn, org_id, questions[:10], plan)  # warm-up
+            times, found = await timed(conn, org_id, questions, plan)
             if exact is not None:
                 overlap = []
                 for ids, want in zip(found, exact, strict=True):
@@ -216,16 +229,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    rows = report["results"]
+    rows = [r for r in report["results"] if "budget" in r]
+    capped_rows = [r for r in report["results"] if "exact_cap" in r]
     series = [("p50_ms", "pages in buffers")]
     if all("cold_p50_ms" in r for r in rows):
         series.append(("cold_p50_ms", "pages from disk"))
-    if all("overlap_at_10" in r for r in rows):
+    if all("overlap_at_10" in r for r in report["results"]):
         for key, label in series:
             ax.plot([r[key] for r in rows], [r["overlap_at_10"] for r in rows], "o-", label=label)
-        for r in rows:
+            for r in capped_rows:
+                ax.plot(r[key], r["overlap_at_10"], "rx")
+        for r in report["results"]:
             ax.annotate(
-                f"budget {r['budget']}",
+                f"budget {r['budget']}" if "budget" in r else f"exact, any {r['exact_cap']}",
                 (r["p50_ms"], r["overlap_at_10"]),
                 textcoords="offset points",
                 xytext=(4, -10),
@@ -263,6 +279,13 @@ def main() -> None:
         nargs="+",
         default=[100, 200, 300, 500],
         help="match budgets of the org-wide plan, each timed",
+    )
+    parser.add_argument(
+        "--capped",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the exact plan scoring at most this many matches (any of them)",
     )
     parser.add_argument(
         "--cold", action="store_true", help="also time each budget from disk (embedded server)"

@@ -83,8 +83,9 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
 ) -> None:
     size = lexical.EXACT_BELOW + 500
     chunks = [f"{FILLER}; note {i} about the garden hose" for i in range(size)]
-    chunks[1234] = f"{FILLER}; the quokka photo from Rottnest"
-    chunks[4321] = f"{FILLER}; a second quokka, smiling"
+    first, second = size // 4, 3 * size // 4
+    chunks[first] = f"{FILLER}; the quokka photo from Rottnest"
+    chunks[second] = f"{FILLER}; a second quokka, smiling"
     await _seed(conn, "org_big", {"conv_big": chunks})
     await _seed(conn, "org_other", {"conv_other": ["the quokka quokka quokka"]})
 
@@ -101,7 +102,7 @@ async def test_large_org_is_searched_org_wide_through_term_statistics(
     ) == pytest.approx(float(avg_length))
 
     found = await lexical.search(conn, "org_big", "garden quokka from Rottnest", 5, None)
-    assert found[:2] == ["conv_big_w1234", "conv_big_w4321"]
+    assert found[:2] == [f"conv_big_w{first}", f"conv_big_w{second}"]
     # Only common words: the match budget bounds the work, and the results are still real.
     common = await lexical.search(conn, "org_big", "garden weekend", 5, None)
     assert len(common) == 5 and all(cid.startswith("conv_big_w") for cid in common)
@@ -167,6 +168,24 @@ async def test_the_chunk_count_from_message_counts_is_the_org_s_chunks(database_
         assert derived == fewer < chunks
     finally:
         await pool.close()
+
+
+async def test_an_org_past_the_exact_cap_is_searched_on_its_term_statistics(
+    conn: asyncpg.Connection,
+) -> None:
+    """The exact plan scores any EXACT_CAP of a scope's matches; an org with more chunks than
+    that must not be searched by it, or a common word's first matches in table order would
+    crowd out the chunks holding the rare one."""
+    size = 3 * lexical.EXACT_CAP
+    chunks = [f"{FILLER}; note {i}, the kettle" for i in range(size)]
+    rare = range(size - 5, size)
+    for i in rare:
+        chunks[i] = f"{FILLER}; the kettle and the quokka {i}"
+    await _seed(conn, "org_mid", {"conv_mid": chunks})
+    await lexical.keep_stats(conn, "org_mid")
+
+    found = await lexical.search(conn, "org_mid", "kettle quokka", 5, None)
+    assert sorted(found) == sorted(f"conv_mid_w{i}" for i in rare)
 
 
 def test_term_statistics_are_recounted_once_the_org_doubles_or_halves() -> None:
