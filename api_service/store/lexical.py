@@ -2,17 +2,20 @@
 
 Words are stemmed as the chunks were ('english'); a chunk's length is its count of distinct
 words. Two plans, by the size of what is searched, both in the SQL function `lexical_search`
-(migration 0004), so a search is one round trip:
+(migrations 0004, 0015 and 0016), so a search is one round trip:
 
-- Exact, for a search narrowed to some conversations and for orgs under EXACT_BELOW chunks:
-  every chunk in scope that holds a query word is scored, with document frequencies counted in
-  that scope (at most EXACT_CAP matches are scored: the cap bounds a common word's cost).
-- Org-wide in any larger org: document frequencies come from `lexeme_df`, refreshed in the
+- Exact, while the scope (the org, or the conversations a search is narrowed to) holds fewer
+  than EXACT_BELOW chunks, or the org has no term statistics yet: every chunk in scope that
+  holds a query word is scored, with document frequencies counted in that scope (at most
+  EXACT_CAP matches are scored: the cap bounds a common word's cost).
+- Org-wide in any larger scope: document frequencies come from `lexeme_df`, refreshed in the
   background as the org grows. The search matches on its rarest words, as many as fit
-  MATCH_BUDGET chunks by those frequencies, and scores every query word on those matches, so
-  a query of common words stays cheap and a rare word decides what is found. When even the
-  rarest word is common, it first matches the chunks that hold both of the two rarest words:
-  BM25's likeliest winners, where a LIMIT over one common word's chunks would take any.
+  MATCH_BUDGET chunks by those frequencies (in a scope of conversations, by its share of the
+  org's chunks), and scores every query word on those matches, so a query of common words
+  stays cheap and a rare word decides what is found. When even the rarest word is common, it
+  first matches the chunks that hold both of the two rarest words: BM25's likeliest winners,
+  where a LIMIT over one common word's chunks would take any. A scope of conversations is
+  then matched on any query word, as the org's rarest may be in none of its chunks.
 
 `benchmarks/lexical` measures the org-wide plan against exact BM25 by budget: at 100k chunks
 it finds 0.80 of the exact top 10 in 4.9 ms p50 (6.7 ms on PostgreSQL 15 with its default
@@ -27,10 +30,12 @@ from api_service import timing
 from api_service.store.db import Conn
 
 EXACT_CAP = 500
-# An org whose chunks the cap could not all score is searched on its term statistics: the
-# cap scores any EXACT_CAP matches, and most questions match most of a small org. Between 1k
-# and 5k chunks (s150 questions, benchmarks/lexical --capped) it found 0.71-0.20 of the exact
-# top 10 in 5-6 ms, where the org-wide plan finds 0.95-0.74 in 2-2.5 ms.
+# A scope whose chunks the cap could not all score is searched on the org's term statistics:
+# the cap scores any EXACT_CAP matches, and most questions match most of a small org. In orgs
+# of 1k-5k chunks (s150 questions, benchmarks/lexical --capped) it found 0.71-0.20 of the
+# exact top 10 in 5-6 ms, where the org-wide plan finds 0.95-0.74 in 2-2.5 ms; within 5 and
+# 30 conversations of a 30k org (--scoped), 0.92 and 0.44 in 5.4 and 8.5 ms against 0.94 and
+# 0.80 in 2.9 and 3.0 ms.
 EXACT_BELOW = EXACT_CAP
 MATCH_BUDGET = 200
 # Term statistics are recounted once the org's chunk count has grown or shrunk by a factor of
@@ -59,7 +64,7 @@ async def search(
     exact_cap: int = EXACT_CAP,
 ) -> list[str]:
     """Ids of the best `limit` chunks for `query`, within the given conversations if any, in one
-    round trip (the SQL function `lexical_search`, migration 0004). `budget`, `exact_below` and
+    round trip (the SQL function `lexical_search`). `budget`, `exact_below` and
     `exact_cap`: MATCH_BUDGET, EXACT_BELOW and EXACT_CAP above."""
     with timing.part("lexical"):
         rows = await conn.fetch(

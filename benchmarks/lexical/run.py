@@ -8,7 +8,9 @@ budget (the rarest words that fit the budget; when even the rarest word is commo
 holding both of the two rarest first), and exactly, as the reference (BM25 over every chunk
 holding a query word; slow on common words). With --capped, also the exact plan scoring at
 most that many matches, any of them (a search narrowed to conversations takes it, capped at
-lexical.EXACT_CAP; before, so did every org under 5,000 chunks).
+lexical.EXACT_CAP; before, so did every org under 5,000 chunks). With --scoped K, each
+question is narrowed to K of the org's conversations (consecutive, from a different one for
+each question), as a search filtered by conversation, tags or project is.
 
 Overlap@10 compares chunk texts, not ids: repeated conversations make equal chunks, and any
 copy is as right as another.
@@ -22,7 +24,7 @@ With --full-text-storage external the chunks' full text is stored out of line (T
 before migration 0010, to compare with its place in the row (main, the schema's).
 
 Usage: python benchmarks/lexical/run.py [--chunks 100000] [--questions 150]
-       [--budgets 100 200 300 500] [--capped 500] [--cold]
+       [--budgets 100 200 300 500] [--capped 500] [--scoped 30] [--cold]
        [--full-text-storage main|external]
 Database: DATABASE_URL when set (the org is deleted afterwards), else an embedded PostgreSQL
 in a temporary folder.
@@ -71,12 +73,17 @@ def windows(data: Path) -> Iterator[list[str]]:
                 yield chunking.window_texts([(m["role"], m["content"]) for m in messages])
 
 
-async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> int:
+async def seed(
+    conn: asyncpg.Connection, org_id: str, data: Path, size: int
+) -> tuple[int, list[str]]:
+    """Conversations of s150 windows up to `size` chunks: the chunks loaded, and the
+    conversations' ids in order."""
     source = windows(data)
-    loaded = 0
+    loaded, ids = 0, []
     while loaded < size:
         texts = next(source)
         cid, count = new_id("conv"), chunking.STRIDE * len(texts)
+        ids.append(cid)
         await conn.execute(
             "INSERT INTO conversations (org_id, conversation_id, message_count) "
             "VALUES ($1, $2, $3)",
@@ -96,7 +103,7 @@ async def seed(conn: asyncpg.Connection, org_id: str, data: Path, size: int) -> 
         loaded += len(texts)
         if loaded // 10_000 != (loaded - len(texts)) // 10_000:
             progress(f"  {loaded:,}/{size:,} chunks")
-    return loaded
+    return loaded, ids
 
 
 # How a search is planned: `lexical.search`'s keyword arguments.
@@ -112,8 +119,13 @@ def capped(cap: int) -> Plan:
     return {"exact_below": INT_MAX, "exact_cap": cap}
 
 
-async def ask(conn: asyncpg.Connection, org_id: str, question: str, plan: Plan) -> list[str]:
-    return await lexical.search(conn, org_id, question, K, None, **plan)
+# A question and the conversations it is narrowed to (None: org-wide).
+Question = tuple[str, list[str] | None]
+
+
+async def ask(conn: asyncpg.Connection, org_id: str, question: Question, plan: Plan) -> list[str]:
+    text, scope = question
+    return await lexical.search(conn, org_id, text, K, scope, **plan)
 
 
 async def texts(conn: asyncpg.Connection, org_id: str, ids: list[str]) -> set[str]:
@@ -135,7 +147,7 @@ def restart_cold(server: Any) -> None:
 
 
 async def timed(
-    conn: asyncpg.Connection, org_id: str, questions: list[str], plan: Plan
+    conn: asyncpg.Connection, org_id: str, questions: list[Question], plan: Plan
 ) -> tuple[list[float], list[list[str]]]:
     """Each question's latency in ms, and what it found."""
     times, found = [], []
@@ -172,12 +184,19 @@ async def run(
     try:
         await admin.create_org(conn, org_id, new_id("bench-lexical"), None)
         progress(f"loading {args.chunks:,} chunks")
-        size = await seed(conn, org_id, args.data, args.chunks)
+        size, conversations = await seed(conn, org_id, args.data, args.chunks)
         progress("counting term statistics")
         await lexical.refresh_stats(conn, org_id)
         await conn.execute("ANALYZE chunks")
         lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-        questions = [json.loads(line)["question"] for line in lines][: args.questions]
+        texts_asked = [json.loads(line)["question"] for line in lines][: args.questions]
+        questions: list[Question] = [(text, None) for text in texts_asked]
+        if args.scoped:
+            ring = conversations * 2  # a scope may wrap around the org's conversations
+            questions = [
+                (text, ring[i % len(conversations) :][: args.scoped])
+                for i, text in enumerate(texts_asked)
+            ]
         exact: list[set[str]] | None = None
         if args.exact:
             progress(f"exact BM25 for {len(questions)} questions")
@@ -218,6 +237,7 @@ async def run(
         "chunks": size,
         "full_text_storage": {"m": "main", "e": "external"}.get(storage, storage),
         "questions": len(questions),
+        "scoped_to_conversations": args.scoped,
         "results": results,
     }
 
@@ -255,8 +275,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("match budget")
         ax.set_ylabel("p50 latency, ms (one query, in-process)")
     ax.legend(fontsize=8)
+    scoped = report.get("scoped_to_conversations")
+    within = f" (each search within {scoped} conversations)" if scoped else ""
     ax.set_title(
-        f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks, "
+        f"org-wide lexical plan by match budget\n{report['chunks']:,} chunks{within}, "
         f"{report['machine']}, PostgreSQL {report['postgres']}, "
         f"full text {report.get('full_text_storage', 'external')}"
     )
@@ -286,6 +308,12 @@ def main() -> None:
         nargs="*",
         default=[],
         help="also time the exact plan scoring at most this many matches (any of them)",
+    )
+    parser.add_argument(
+        "--scoped",
+        type=int,
+        metavar="K",
+        help="narrow each question to K of the org's conversations (default: org-wide)",
     )
     parser.add_argument(
         "--cold", action="store_true", help="also time each budget from disk (embedded server)"

@@ -188,6 +188,27 @@ async def test_an_org_past_the_exact_cap_is_searched_on_its_term_statistics(
     assert sorted(found) == sorted(f"conv_mid_w{i}" for i in rare)
 
 
+async def test_a_large_scope_is_searched_on_the_org_s_term_statistics(
+    conn: asyncpg.Connection,
+) -> None:
+    """Narrowed to conversations of more chunks than the exact plan scores, a search takes the
+    org-wide plan within them: the rare word's chunks first, and where the org's rarest words
+    are in none of the scope's chunks, any query word's."""
+    size = 3 * lexical.EXACT_CAP
+    kettles = [f"{FILLER}; note {i}, the kettle" for i in range(size)]
+    rare = range(size - 5, size)
+    for i in rare:
+        kettles[i] = f"{FILLER}; the kettle and the quokka {i}"
+    others = [f"{FILLER}; other note {i}, the kettle" for i in range(lexical.EXACT_CAP + 100)]
+    await _seed(conn, "org_scoped", {"conv_kettles": kettles, "conv_others": others})
+    await lexical.keep_stats(conn, "org_scoped")
+
+    found = await lexical.search(conn, "org_scoped", "kettle quokka", 5, ["conv_kettles"])
+    assert sorted(found) == sorted(f"conv_kettles_w{i}" for i in rare)
+    elsewhere = await lexical.search(conn, "org_scoped", "kettle quokka", 5, ["conv_others"])
+    assert len(elsewhere) == 5 and all(cid.startswith("conv_others_w") for cid in elsewhere)
+
+
 def test_term_statistics_are_recounted_once_the_org_doubles_or_halves() -> None:
     taken = 10_000
     assert not lexical.stats_drifted(taken, taken)

@@ -1,0 +1,138 @@
+-- A search narrowed to conversations took the exact plan whatever the scope's size, and the
+-- exact plan scores at most p_exact_cap matches, any of them: in a scope of thousands of
+-- chunks (many conversations, or a long default memory) it ranked whichever matches came
+-- first. A scope of p_exact_below chunks or more in an org with term statistics is now
+-- searched as the org is, within the scope, and then on any query word (its rarest words in
+-- the org may be in none of the scope's chunks). The exact plan gets its scope's count as a
+-- parameter, counted once.
+CREATE OR REPLACE FUNCTION lexical_search(
+    p_org text,
+    p_query text,
+    p_limit integer,
+    p_conversations text[],   -- NULL: org-wide
+    p_budget integer,         -- the org-wide plan's match budget
+    p_exact_below integer,    -- scopes of fewer chunks are searched exactly
+    p_exact_cap integer       -- the exact plan scores at most this many matches
+) RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_indexscan = off
+AS $fn$
+DECLARE
+    lexemes text[];
+    quoted text[];
+    dfs double precision[];
+    n double precision;
+    scope_n double precision;
+    share double precision := 1;  -- of the org's chunks in scope
+    avgdl double precision;
+    matches text[];
+    match text;
+    covered double precision;
+    found text[] := '{}';
+    id text;
+BEGIN
+    -- The query's lexemes, rarest first, with their document frequencies in the org.
+    SELECT array_agg(t.lexeme ORDER BY coalesce(d.df, 0), t.lexeme),
+           array_agg(quote_literal(t.lexeme) ORDER BY coalesce(d.df, 0), t.lexeme),
+           array_agg(coalesce(d.df, 0)::float8 ORDER BY coalesce(d.df, 0), t.lexeme),
+           max(s.chunks)::float8, max(s.avg_length)
+      INTO lexemes, quoted, dfs, n, avgdl
+      FROM unnest(tsvector_to_array(to_tsvector('english', p_query))) AS t(lexeme)
+      LEFT JOIN lexeme_df d ON d.org_id = p_org AND d.lexeme = t.lexeme
+      LEFT JOIN lexical_stats s ON s.org_id = p_org;
+    IF lexemes IS NULL THEN
+        RETURN;  -- stop words only
+    END IF;
+
+    -- Exact, while the scope (the org, or the conversations) has fewer chunks than
+    -- p_exact_below or the org has no term statistics: every chunk in scope holding a query
+    -- word (at most p_exact_cap), with document frequencies counted in that scope.
+    IF p_conversations IS NOT NULL OR n IS NULL OR n < p_exact_below THEN
+        scope_n := org_chunk_count(p_org, p_conversations);
+    END IF;
+    IF n IS NULL OR scope_n < p_exact_below THEN
+        RETURN QUERY EXECUTE $q$
+            WITH matches AS MATERIALIZED (
+                SELECT c.chunk_id, length(c.text_search)::float8 AS dl,
+                       ts_filter(setweight(c.text_search, 'A', $4), '{a}') AS words
+                  FROM chunks c
+                 WHERE c.org_id = $1 AND c.text_search @@ to_tsquery('simple', $3)
+                   AND ($5::text[] IS NULL OR c.conversation_id = ANY($5))
+                 LIMIT $6),
+            tf AS (
+                SELECT m.chunk_id, m.dl, u.lexeme,
+                       coalesce(array_length(u.positions, 1), 1)::float8 AS tf
+                  FROM matches m, unnest(m.words) AS u(lexeme, positions, weights)),
+            df AS (SELECT lexeme, count(*)::float8 AS v FROM tf GROUP BY lexeme),
+            lengths AS (SELECT greatest(avg(dl), 1) AS avgdl FROM matches)
+            SELECT tf.chunk_id
+              FROM tf JOIN df USING (lexeme), lengths
+             GROUP BY tf.chunk_id
+             ORDER BY sum(ln(1 + ($7 - df.v + 0.5) / (df.v + 0.5))
+                          * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl))) DESC,
+                      tf.chunk_id
+             LIMIT $2$q$
+            USING p_org, p_limit, array_to_string(quoted, ' | '), lexemes, p_conversations,
+                  p_exact_cap, scope_n;
+        RETURN;
+    END IF;
+
+    -- Org-wide: match on the rarest words that fit the budget; when even the rarest is more
+    -- common than that, first on the chunks holding both of the two rarest, then the rarest
+    -- alone. Every query word is scored on the matches, with the org's term statistics. A
+    -- large scope of conversations is searched the same way within it, a word expected in
+    -- its share of the org's chunks that hold it, and then on any query word: the org's
+    -- rarest words may be in none of the scope's chunks.
+    IF p_conversations IS NOT NULL THEN
+        share := least(scope_n / n, 1);
+    END IF;
+    IF dfs[1] * share > p_budget AND cardinality(lexemes) > 1 THEN
+        matches := ARRAY[quoted[1] || ' & ' || quoted[2], quoted[1]];
+    ELSE
+        match := quoted[1];
+        covered := dfs[1] * share;
+        FOR i IN 2 .. cardinality(lexemes) LOOP
+            covered := covered + dfs[i] * share;
+            EXIT WHEN covered > p_budget;
+            match := match || ' | ' || quoted[i];
+        END LOOP;
+        matches := ARRAY[match];
+    END IF;
+    IF p_conversations IS NOT NULL AND NOT array_to_string(quoted, ' | ') = ANY(matches) THEN
+        matches := matches || array_to_string(quoted, ' | ');
+    END IF;
+    FOREACH match IN ARRAY matches LOOP
+        -- `c.org_id || ''` keeps the planner off the org's key index.
+        FOR id IN EXECUTE $q$
+            WITH matches AS MATERIALIZED (
+                SELECT c.chunk_id, length(c.text_search)::float8 AS dl,
+                       ts_filter(setweight(c.text_search, 'A', $4), '{a}') AS words
+                  FROM chunks c
+                 WHERE c.org_id || '' = $1 AND c.text_search @@ to_tsquery('simple', $3)
+                   AND ($9::text[] IS NULL OR c.conversation_id = ANY($9))
+                 LIMIT $6),
+            tf AS (
+                SELECT m.chunk_id, m.dl, u.lexeme,
+                       coalesce(array_length(u.positions, 1), 1)::float8 AS tf
+                  FROM matches m, unnest(m.words) AS u(lexeme, positions, weights)),
+            df AS (SELECT * FROM unnest($4, $5) AS df(lexeme, v))
+            SELECT tf.chunk_id
+              FROM tf JOIN df USING (lexeme)
+             GROUP BY tf.chunk_id
+             ORDER BY sum(ln(1 + ($7 - df.v + 0.5) / (df.v + 0.5))
+                          * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / $8))) DESC,
+                      tf.chunk_id
+             LIMIT $2$q$
+            USING p_org, p_limit, match, lexemes, dfs, p_budget, n, greatest(avgdl, 1),
+                  p_conversations
+        LOOP
+            CONTINUE WHEN id = ANY(found);
+            found := found || id;
+            RETURN NEXT id;
+            EXIT WHEN cardinality(found) >= p_limit;
+        END LOOP;
+        EXIT WHEN cardinality(found) >= p_limit;
+    END LOOP;
+END
+$fn$;
