@@ -1,10 +1,12 @@
--- A search narrowed to conversations took the exact plan whatever the scope's size, and the
--- exact plan scores at most p_exact_cap matches, any of them: in a scope of thousands of
--- chunks (many conversations, or a long default memory) it ranked whichever matches came
--- first. A scope of p_exact_below chunks or more in an org with term statistics is now
--- searched as the org is, within the scope, and then on any query word (its rarest words in
--- the org may be in none of the scope's chunks). The exact plan gets its scope's count as a
--- parameter, counted once.
+-- lexical_search as 0004 made it, but for two things:
+-- - A search narrowed to conversations took the exact plan whatever the scope's size, and
+--   the exact plan scores at most p_exact_cap matches, any of them: in a scope of thousands
+--   of chunks (many conversations, or a long default memory) it ranked whichever matches
+--   came first. A scope of p_exact_below chunks or more in an org with term statistics is
+--   now searched as the org is, within the scope, and then on any query word (its rarest
+--   words in the org may be in none of the scope's chunks).
+-- - The exact plan's N, its scope's chunk count, comes from org_chunk_count (0015), counted
+--   once, not from the scope's chunk rows.
 CREATE OR REPLACE FUNCTION lexical_search(
     p_org text,
     p_query text,
