@@ -87,7 +87,7 @@ BEGIN
     -- its share of the org's chunks that hold it, and then on any query word: the org's
     -- rarest words may be in none of the scope's chunks.
     IF p_conversations IS NOT NULL THEN
-        share := least(scope_n / n, 1);
+        share := least(scope_n / greatest(n, 1), 1);
     END IF;
     IF dfs[1] * share > p_budget AND cardinality(lexemes) > 1 THEN
         matches := ARRAY[quoted[1] || ' & ' || quoted[2], quoted[1]];
