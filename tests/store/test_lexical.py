@@ -209,6 +209,26 @@ async def test_a_large_scope_is_searched_on_the_org_s_term_statistics(
     assert len(elsewhere) == 5 and all(cid.startswith("conv_others_w") for cid in elsewhere)
 
 
+async def test_a_scope_counts_a_word_by_its_share_of_the_org(conn: asyncpg.Connection) -> None:
+    """In a scope of a sixth of the org, a word the org holds 1,000 times is expected in about
+    170 of its chunks: within the budget, so it is matched with the rarer word the scope does
+    not hold, and its chunks are found, though every chunk in scope holds a word more common
+    still, whose first matches in table order a LIMIT would take."""
+    budget = lexical.MATCH_BUDGET
+    scope = [f"{FILLER}; note {i} on the kettle" for i in range(lexical.EXACT_CAP + 100)]
+    walrus = range(len(scope) - 30, len(scope))
+    for i in walrus:
+        scope[i] = f"{FILLER}; note {i} on the kettle and the walrus"
+    elsewhere = [f"{FILLER}; the walrus {i}" for i in range(1000 - len(walrus))]
+    elsewhere += [f"{FILLER}; the quokka {i}" for i in range(budget // 2)]
+    elsewhere += [f"{FILLER}; filler {i}, a kettle" for i in range(5 * len(scope) - len(elsewhere))]
+    await _seed(conn, "org_share", {"conv_scope": scope, "conv_elsewhere": elsewhere})
+    await lexical.keep_stats(conn, "org_share")
+
+    found = await lexical.search(conn, "org_share", "kettle walrus quokka", 10, ["conv_scope"])
+    assert len(found) == 10 and set(found) <= {f"conv_scope_w{i}" for i in walrus}
+
+
 def test_term_statistics_are_recounted_once_the_org_doubles_or_halves() -> None:
     taken = 10_000
     assert not lexical.stats_drifted(taken, taken)
