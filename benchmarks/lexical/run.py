@@ -7,10 +7,11 @@ questions org-wide through `lexical.search`, one round trip each: with the org-w
 budget (the rarest words that fit the budget; when even the rarest word is common, the chunks
 holding both of the two rarest first), and exactly, as the reference (BM25 over every chunk
 holding a query word; slow on common words). With --capped, also the exact plan scoring at
-most that many matches, any of them (a search narrowed to conversations takes it, capped at
-lexical.EXACT_CAP; before, so did every org under 5,000 chunks). With --scoped K, each
-question is narrowed to K of the org's conversations (consecutive, from a different one for
-each question), as a search filtered by conversation, tags or project is.
+most that many matches, any of them (capped at lexical.EXACT_CAP, it searches a scope of
+fewer chunks than that; before 0016, every scope of conversations and every org under 5,000
+chunks). With --scoped K, each question is narrowed to K of the org's conversations
+(consecutive, from a different one for each question), as a search filtered by
+conversation, tags or project is.
 
 Overlap@10 compares chunk texts, not ids: repeated conversations make equal chunks, and any
 copy is as right as another.

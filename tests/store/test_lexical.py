@@ -170,17 +170,22 @@ async def test_the_chunk_count_from_message_counts_is_the_org_s_chunks(database_
         await pool.close()
 
 
+def _kettles_then_quokkas(size: int) -> tuple[list[str], range]:
+    """`size` chunks holding a common word, the last five a rare one too; where those are."""
+    chunks = [f"{FILLER}; note {i}, the kettle" for i in range(size)]
+    rare = range(size - 5, size)
+    for i in rare:
+        chunks[i] = f"{FILLER}; the kettle and the quokka {i}"
+    return chunks, rare
+
+
 async def test_an_org_past_the_exact_cap_is_searched_on_its_term_statistics(
     conn: asyncpg.Connection,
 ) -> None:
     """The exact plan scores any EXACT_CAP of a scope's matches; an org with more chunks than
     that must not be searched by it, or a common word's first matches in table order would
     crowd out the chunks holding the rare one."""
-    size = 3 * lexical.EXACT_CAP
-    chunks = [f"{FILLER}; note {i}, the kettle" for i in range(size)]
-    rare = range(size - 5, size)
-    for i in rare:
-        chunks[i] = f"{FILLER}; the kettle and the quokka {i}"
+    chunks, rare = _kettles_then_quokkas(3 * lexical.EXACT_CAP)
     await _seed(conn, "org_mid", {"conv_mid": chunks})
     await lexical.keep_stats(conn, "org_mid")
 
@@ -194,11 +199,7 @@ async def test_a_large_scope_is_searched_on_the_org_s_term_statistics(
     """Narrowed to conversations of more chunks than the exact plan scores, a search takes the
     org-wide plan within them: the rare word's chunks first, and where the org's rarest words
     are in none of the scope's chunks, any query word's."""
-    size = 3 * lexical.EXACT_CAP
-    kettles = [f"{FILLER}; note {i}, the kettle" for i in range(size)]
-    rare = range(size - 5, size)
-    for i in rare:
-        kettles[i] = f"{FILLER}; the kettle and the quokka {i}"
+    kettles, rare = _kettles_then_quokkas(3 * lexical.EXACT_CAP)
     others = [f"{FILLER}; other note {i}, the kettle" for i in range(lexical.EXACT_CAP + 100)]
     await _seed(conn, "org_scoped", {"conv_kettles": kettles, "conv_others": others})
     await lexical.keep_stats(conn, "org_scoped")

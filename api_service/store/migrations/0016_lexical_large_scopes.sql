@@ -25,12 +25,13 @@ DECLARE
     quoted text[];
     dfs double precision[];
     n double precision;
-    scope_n double precision;
-    share double precision := 1;  -- of the org's chunks in scope
+    scope_n double precision;     -- chunks in scope: the org's, or the conversations'
+    any_word text;
     avgdl double precision;
     matches text[];
     match text;
     covered double precision;
+    share double precision;       -- of the org's chunks in scope
     found text[] := '{}';
     id text;
 BEGIN
@@ -46,11 +47,14 @@ BEGIN
     IF lexemes IS NULL THEN
         RETURN;  -- stop words only
     END IF;
+    any_word := array_to_string(quoted, ' | ');
 
     -- Exact, while the scope (the org, or the conversations) has fewer chunks than
     -- p_exact_below or the org has no term statistics: every chunk in scope holding a query
     -- word (at most p_exact_cap), with document frequencies counted in that scope.
-    IF p_conversations IS NOT NULL OR n IS NULL OR n < p_exact_below THEN
+    IF p_conversations IS NULL AND n >= p_exact_below THEN
+        scope_n := n;
+    ELSE
         scope_n := org_chunk_count(p_org, p_conversations);
     END IF;
     IF n IS NULL OR scope_n < p_exact_below THEN
@@ -75,8 +79,7 @@ BEGIN
                           * tf.tf * 2.2 / (tf.tf + 1.2 * (0.25 + 0.75 * tf.dl / avgdl))) DESC,
                       tf.chunk_id
              LIMIT $2$q$
-            USING p_org, p_limit, array_to_string(quoted, ' | '), lexemes, p_conversations,
-                  p_exact_cap, scope_n;
+            USING p_org, p_limit, any_word, lexemes, p_conversations, p_exact_cap, scope_n;
         RETURN;
     END IF;
 
@@ -85,10 +88,8 @@ BEGIN
     -- alone. Every query word is scored on the matches, with the org's term statistics. A
     -- large scope of conversations is searched the same way within it, a word expected in
     -- its share of the org's chunks that hold it, and then on any query word: the org's
-    -- rarest words may be in none of the scope's chunks.
-    IF p_conversations IS NOT NULL THEN
-        share := least(scope_n / greatest(n, 1), 1);
-    END IF;
+    -- rarest words may be in none of the scope's chunks. Org-wide the share is 1.
+    share := least(scope_n / greatest(n, 1), 1);
     IF dfs[1] * share > p_budget AND cardinality(lexemes) > 1 THEN
         matches := ARRAY[quoted[1] || ' & ' || quoted[2], quoted[1]];
     ELSE
@@ -101,8 +102,8 @@ BEGIN
         END LOOP;
         matches := ARRAY[match];
     END IF;
-    IF p_conversations IS NOT NULL AND NOT array_to_string(quoted, ' | ') = ANY(matches) THEN
-        matches := matches || array_to_string(quoted, ' | ');
+    IF p_conversations IS NOT NULL AND NOT any_word = ANY(matches) THEN
+        matches := matches || any_word;
     END IF;
     FOREACH match IN ARRAY matches LOOP
         -- `c.org_id || ''` keeps the planner off the org's key index.
