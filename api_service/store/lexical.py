@@ -2,7 +2,8 @@
 
 Words are stemmed as the chunks were ('english'); a chunk's length is its count of distinct
 words. Two plans, by the size of what is searched, both in the SQL function `lexical_search`
-(migrations 0004 and 0016), so a search is one round trip:
+(as migration 0017 last made it; one BM25 statement ranks for both), so a search is one
+round trip:
 
 - Exact, while the scope (the org, or the conversations a search is narrowed to) holds fewer
   than EXACT_BELOW chunks, or the org has no term statistics yet: every chunk in scope that

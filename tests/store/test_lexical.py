@@ -78,6 +78,25 @@ async def test_bm25_ranks_the_rare_word_first_and_keeps_to_its_scope(
     assert await lexical.search(conn, "org_b", "plumber", 10, None) == ["conv_b_w0"]
 
 
+async def test_the_exact_plan_weighs_a_word_by_its_chunks_in_scope(
+    conn: asyncpg.Connection,
+) -> None:
+    """Document frequencies and N are counted in the scope the exact plan searches: the word
+    one chunk in scope holds outranks one that five hold, three times in one of them, whether
+    the org has no term statistics or has them and the same words weigh the other way there."""
+    home = [f"{FILLER}; quokka quokka quokka"] + [f"{FILLER}; quokka {i}" for i in range(4)]
+    home.append(f"{FILLER}; the kettle")
+    await _seed(conn, "org_small", {"conv_home": home})
+    assert await lexical.search(conn, "org_small", "quokka kettle", 1, None) == ["conv_home_w5"]
+
+    elsewhere = [f"{FILLER}; note {i} on the kettle" for i in range(lexical.EXACT_BELOW)]
+    await _seed(conn, "org_large", {"conv_home": home, "conv_elsewhere": elsewhere})
+    await lexical.keep_stats(conn, "org_large")
+    assert await lexical.stats_chunk_count(conn, "org_large") == len(home) + len(elsewhere)
+    scoped = await lexical.search(conn, "org_large", "quokka kettle", 1, ["conv_home"])
+    assert scoped == ["conv_home_w5"]
+
+
 async def test_large_org_is_searched_org_wide_through_term_statistics(
     conn: asyncpg.Connection,
 ) -> None:
