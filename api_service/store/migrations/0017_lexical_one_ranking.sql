@@ -1,7 +1,11 @@
--- lexical_search as 0016 made it, its two plans ranked by one BM25 statement. They differed
--- only in where a word's document frequency, the chunk count N and the average length come
--- from (counted on the matches in scope, or the org's term statistics) and in the org
--- filter; those are now the statement's parameters and two fixed fragments.
+-- lexical_search as 0016 made it, but for two things:
+-- - Its two plans are ranked by one BM25 statement. They differed only in where a word's
+--   document frequency, the chunk count N and the average length come from (counted on the
+--   matches in scope, or the org's term statistics) and in the org filter; those are now
+--   the statement's parameters and fixed fragments.
+-- - A large scope of conversations is found through the chunks' key with the org in it: the
+--   org-wide plan hid the org from the planner, which then read the whole key index to find
+--   the conversations' chunks.
 CREATE OR REPLACE FUNCTION lexical_search(
     p_org text,
     p_query text,
@@ -116,8 +120,14 @@ BEGIN
         cap := p_budget;
         bm25_n := n;
         avgdl := greatest(avgdl, 1);
-        -- `c.org_id || ''` keeps the planner off the org's key index.
-        statement := format(ranking, 'c.org_id || ''''', org_statistics);
+        -- Org-wide, `c.org_id || ''` keeps the planner off the org's key index, every chunk's
+        -- entry in it. A scope of conversations takes the key to their chunks alone, where it
+        -- read the whole index for the conversations' column without the org's (30 of a
+        -- 38 ms search on PostgreSQL's default settings).
+        statement := format(
+            ranking,
+            CASE WHEN p_conversations IS NULL THEN 'c.org_id || ''''' ELSE 'c.org_id' END,
+            org_statistics);
     END IF;
 
     FOREACH match IN ARRAY matches LOOP
