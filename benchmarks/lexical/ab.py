@@ -22,20 +22,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-from run import DATA, HERE, K, percentiles, progress, seed
+from run import (
+    K,
+    add_output_arguments,
+    database,
+    load_org,
+    percentiles,
+    progress,
+    questions_asked,
+    save,
+)
 
 from api_service.core.ids import new_id
-from api_service.store import admin, lexical
-from api_service.store.embedded import start_embedded
+from api_service.store import lexical
 from api_service.store.migrate import migrate_url
 
 AGAINST = "lexical_search_against"  # A's name beside the schema's function
@@ -54,24 +59,17 @@ async def run(args: argparse.Namespace, database_url: str) -> dict[str, Any]:
     await conn.execute(definition.replace("FUNCTION lexical_search(", f"FUNCTION {AGAINST}("))
     org_id = new_id("org")
     try:
-        await admin.create_org(conn, org_id, new_id("bench-lexical-ab"), None)
-        progress(f"loading {args.chunks:,} chunks")
-        size, conversations = await seed(conn, org_id, args.data, args.chunks)
-        await lexical.refresh_stats(conn, org_id)
-        await conn.execute("ANALYZE chunks")
-        lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-        questions = [json.loads(line)["question"] for line in lines][: args.questions]
-        ring = conversations * 2  # a scope may wrap around the org's conversations
+        size, conversations = await load_org(
+            conn, org_id, "bench-lexical-ab", args.data, args.chunks
+        )
         results = []
         for k in args.scoped:
-            scopes = [
-                ring[i % len(conversations) :][:k] if k else None for i in range(len(questions))
-            ]
+            questions = questions_asked(args.data, args.questions, k, conversations)
             times: dict[str, list[float]] = {side: [] for side in SIDES}
             same = 0
             for round_no in range(args.rounds):
                 order = list(SIDES) if round_no % 2 == 0 else list(reversed(SIDES))
-                for text, scope in zip(questions, scopes, strict=True):
+                for text, scope in questions:
                     found = {}
                     for side in order:
                         started = time.perf_counter()
@@ -169,31 +167,11 @@ def main() -> None:
         help="conversations each question is narrowed to, one pass each (0: org-wide)",
     )
     parser.add_argument("--rounds", type=int, default=4, help="passes over the questions")
-    parser.add_argument("--label", help="results file name: lexical-ab-LABEL.json and .png")
-    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    parser.add_argument(
-        "--machine",
-        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
-        help="names it in the results",
-    )
+    add_output_arguments(parser, "lexical-ab")
     args = parser.parse_args()
-    database_url = os.environ.get("DATABASE_URL")
-    if database_url:
-        report = asyncio.run(run(args, database_url))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            url, server = start_embedded(Path(tmp) / "pg")
-            try:
-                report = asyncio.run(run(args, url))
-            finally:
-                server.cleanup()
-    args.out.mkdir(parents=True, exist_ok=True)
-    label = args.label or args.machine.split(",")[0].replace(" ", "-").lower()
-    stem = args.out / f"lexical-ab-{label}"
-    Path(f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, Path(f"{stem}.png"))
-    progress(f"wrote {stem}.json and .png")
+    with database() as (url, _):
+        report = asyncio.run(run(args, url))
+    save(report, args, "lexical-ab", plot)
 
 
 if __name__ == "__main__":

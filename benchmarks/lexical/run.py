@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -107,6 +108,37 @@ async def seed(
     return loaded, ids
 
 
+async def load_org(
+    conn: asyncpg.Connection, org_id: str, name: str, data: Path, chunks: int
+) -> tuple[int, list[str]]:
+    """Create org `org_id` with about `chunks` chunks (seed), its term statistics counted and
+    the table analyzed: the chunks loaded, and its conversations' ids in order."""
+    await admin.create_org(conn, org_id, new_id(name), None)
+    progress(f"loading {chunks:,} chunks")
+    loaded = await seed(conn, org_id, data, chunks)
+    progress("counting term statistics")
+    await lexical.refresh_stats(conn, org_id)
+    await conn.execute("ANALYZE chunks")
+    return loaded
+
+
+# A question and the conversations it is narrowed to (None: org-wide).
+Question = tuple[str, list[str] | None]
+
+
+def questions_asked(
+    data: Path, count: int, scoped: int, conversations: list[str]
+) -> list[Question]:
+    """The first `count` s150 questions, each narrowed to `scoped` of the org's conversations
+    (consecutive, from a different one for each question), or org-wide when `scoped` is 0."""
+    lines = (data / "s150.questions.jsonl").read_text().splitlines()
+    texts_asked = [json.loads(line)["question"] for line in lines][:count]
+    if not scoped:
+        return [(text, None) for text in texts_asked]
+    ring = conversations * 2  # a scope may wrap around the org's conversations
+    return [(text, ring[i % len(conversations) :][:scoped]) for i, text in enumerate(texts_asked)]
+
+
 # How a search is planned: `lexical.search`'s keyword arguments.
 Plan = dict[str, int]
 EXACT: Plan = {"exact_below": INT_MAX, "exact_cap": INT_MAX}  # every match scored
@@ -118,10 +150,6 @@ def org_wide(budget: int) -> Plan:
 
 def capped(cap: int) -> Plan:
     return {"exact_below": INT_MAX, "exact_cap": cap}
-
-
-# A question and the conversations it is narrowed to (None: org-wide).
-Question = tuple[str, list[str] | None]
 
 
 async def ask(conn: asyncpg.Connection, org_id: str, question: Question, plan: Plan) -> list[str]:
@@ -183,21 +211,8 @@ async def run(
     )
     org_id = new_id("org")
     try:
-        await admin.create_org(conn, org_id, new_id("bench-lexical"), None)
-        progress(f"loading {args.chunks:,} chunks")
-        size, conversations = await seed(conn, org_id, args.data, args.chunks)
-        progress("counting term statistics")
-        await lexical.refresh_stats(conn, org_id)
-        await conn.execute("ANALYZE chunks")
-        lines = (args.data / "s150.questions.jsonl").read_text().splitlines()
-        texts_asked = [json.loads(line)["question"] for line in lines][: args.questions]
-        questions: list[Question] = [(text, None) for text in texts_asked]
-        if args.scoped:
-            ring = conversations * 2  # a scope may wrap around the org's conversations
-            questions = [
-                (text, ring[i % len(conversations) :][: args.scoped])
-                for i, text in enumerate(texts_asked)
-            ]
+        size, conversations = await load_org(conn, org_id, "bench-lexical", args.data, args.chunks)
+        questions = questions_asked(args.data, args.questions, args.scoped or 0, conversations)
         exact: list[set[str]] | None = None
         if args.exact:
             progress(f"exact BM25 for {len(questions)} questions")
@@ -241,6 +256,49 @@ async def run(
         "scoped_to_conversations": args.scoped,
         "results": results,
     }
+
+
+@contextlib.contextmanager
+def database() -> Iterator[tuple[str, Any]]:
+    """(URL, embedded server): DATABASE_URL when set, with no server, else an embedded
+    PostgreSQL in a temporary folder, removed afterwards."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        yield url, None
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        url, server = start_embedded(Path(tmp) / "pg")
+        try:
+            yield url, server
+        finally:
+            server.cleanup()
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """--label, --data, --out and --machine, as this folder's benchmarks take them."""
+    parser.add_argument("--label", help=f"results file name: {name}-LABEL.json and .png")
+    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    parser.add_argument(
+        "--machine",
+        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        help="names it in the results",
+    )
+
+
+def save(
+    report: dict[str, Any],
+    args: argparse.Namespace,
+    name: str,
+    plot: Callable[[dict[str, Any], Path], None],
+) -> None:
+    """Write `report` as NAME-LABEL.json in --out and plot it beside it as .png."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    label = args.label or args.machine.split(",")[0].replace(" ", "-").lower()
+    stem = args.out / f"{name}-{label}"
+    Path(f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, Path(f"{stem}.png"))
+    progress(f"wrote {stem}.json and .png")
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -331,35 +389,17 @@ def main() -> None:
         help="store the chunks' full text in the row (main) or out of line (external, as "
         "before 0010); embedded server only",
     )
-    parser.add_argument("--label", help="results file name: lexical-LABEL.json and .png")
-    parser.add_argument("--data", type=Path, default=DATA, help="LongMemEval folder")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    parser.add_argument(
-        "--machine",
-        default=f"{platform.machine()} CPU, {os.cpu_count()} cores",
-        help="names it in the results",
-    )
+    add_output_arguments(parser, "lexical")
     args = parser.parse_args()
-    database_url = os.environ.get("DATABASE_URL")
-    if database_url:
+    if os.environ.get("DATABASE_URL"):
         if args.cold:
             parser.error("--cold restarts the embedded server: unset DATABASE_URL to use it")
         if args.full_text_storage:
             parser.error("--full-text-storage alters the schema: unset DATABASE_URL to use it")
-        report = asyncio.run(run(args, database_url))
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            url, server = start_embedded(Path(tmp) / "pg")
-            try:
-                cold = (lambda: restart_cold(server)) if args.cold else None
-                report = asyncio.run(run(args, url, cold))
-            finally:
-                server.cleanup()
-    args.out.mkdir(parents=True, exist_ok=True)
-    label = args.label or args.machine.split(",")[0].replace(" ", "-").lower()
-    (args.out / f"lexical-{label}.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, args.out / f"lexical-{label}.png")
-    progress(f"wrote {args.out / f'lexical-{label}'}.json and .png")
+    with database() as (url, server):
+        cold = (lambda: restart_cold(server)) if args.cold else None
+        report = asyncio.run(run(args, url, cold))
+    save(report, args, "lexical", plot)
 
 
 if __name__ == "__main__":
