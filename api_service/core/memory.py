@@ -127,12 +127,12 @@ class MemoryService:
                 write_transaction(conn),
             ):
                 if conversation_id is None:
-                    default_size = validation.stored_bytes(DEFAULT_MEMORY_TITLE)
                     conversation_id, created = await repo.default_conversation_id(
-                        conn, who.org_id, new_id("conv"), default_size, DEFAULT_MEMORY_TITLE
+                        conn, who.org_id, new_id("conv"), DEFAULT_MEMORY_TITLE
                     )
-                    if created:
-                        new_conversations, added_bytes = 1, added_bytes + default_size
+                    if created:  # its title's bytes count in the conversation and the org
+                        new_conversations = 1
+                        added_bytes += validation.stored_bytes(DEFAULT_MEMORY_TITLE)
                 appended = await repo.append_messages(
                     conn,
                     who.org_id,

@@ -65,18 +65,18 @@ async def insert_conversation(
 
 
 async def default_conversation_id(
-    conn: Conn, org_id: str, new_id: str, storage_bytes: int, title: str
+    conn: Conn, org_id: str, new_id: str, title: str
 ) -> tuple[str, bool]:
-    """The org's default memory, created on first use; True when created now."""
+    """The org's default memory, created on first use; True when created now. It is created
+    with a size of 0: the append that creates it adds its title's bytes with its messages'."""
     created = await conn.fetchval(
         """INSERT INTO conversations
                (org_id, conversation_id, title, metadata, is_default, storage_bytes)
-           VALUES ($1, $2, $4, '{"default": true}'::jsonb, true, $3)
+           VALUES ($1, $2, $3, '{"default": true}'::jsonb, true, 0)
            ON CONFLICT (org_id) WHERE is_default DO NOTHING
            RETURNING conversation_id""",
         org_id,
         new_id,
-        storage_bytes,
         title,
     )
     if created is not None:

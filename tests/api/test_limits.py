@@ -115,6 +115,31 @@ async def test_storage_limit_refuses_the_whole_write(service: Service) -> None:
         await conn.close()
 
 
+async def test_the_default_memory_gives_back_every_byte_it_took(service: Service) -> None:
+    """The append that creates the org's default memory charges its title's bytes once, to
+    the conversation and to the org alike, so deleting it leaves the org at zero."""
+    _, key = await service.org_with_key()
+    async with service.rest(key) as http:
+        for content in ("remember this", "and this"):
+            r = await http.post(
+                "/api/v1/messages", json={"messages": [{"role": "user", "content": content}]}
+            )
+            assert r.status_code == 200, r.text
+        cid = r.json()["conversation_id"]
+        used = (await http.get("/api/v1/usage")).json()["storage_bytes"]
+        assert used == len("Default memory") + len("remember this") + len("and this")
+        conn = await asyncpg.connect(service.database_url)
+        try:
+            size = await conn.fetchval(
+                "SELECT storage_bytes FROM conversations WHERE conversation_id = $1", cid
+            )
+        finally:
+            await conn.close()
+        assert size == used
+        assert (await http.delete(f"/api/v1/conversations/{cid}")).status_code == 200
+        assert (await http.get("/api/v1/usage")).json()["storage_bytes"] == 0
+
+
 async def test_conversation_limit_and_usage(service: Service) -> None:
     org_id, key = await service.org_with_key()
     await _set_plan(service, org_id, convs=2, requests=500)

@@ -79,3 +79,33 @@ async def test_0010_moves_the_stored_vectors_of_a_populated_database(
         )
     finally:
         await conn.close()
+
+
+async def test_0018_gives_a_default_memory_its_size(empty_database_url: str) -> None:
+    """A default memory created before 0018 counted its title twice; 0018 takes one off, and
+    gives back to an org what the delete of such a memory took from its total. Other
+    conversations keep their sizes."""
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate(conn, through="0017_lexical_one_ranking.sql")
+        await conn.execute(
+            """INSERT INTO orgs (org_id, name, storage_bytes)
+               VALUES ('org_a', 'a', 14 + 5 + 14 + 7), ('org_b', 'b', 9 - 14),
+                      ('org_c', 'c', -14)"""
+        )
+        await conn.execute(
+            """INSERT INTO conversations
+                      (org_id, conversation_id, title, is_default, storage_bytes)
+               VALUES ('org_a', 'conv_default', 'Default memory', true, 2 * 14 + 5),
+                      ('org_a', 'conv_titled', 'Default memory', false, 14 + 7),
+                      ('org_b', 'conv_kept', NULL, false, 9)"""
+        )
+
+        assert await migrate(conn) == ["0018_default_memory_size.sql"]
+
+        sizes = dict(await conn.fetch("SELECT conversation_id, storage_bytes FROM conversations"))
+        assert sizes == {"conv_default": 14 + 5, "conv_titled": 14 + 7, "conv_kept": 9}
+        totals = dict(await conn.fetch("SELECT org_id, storage_bytes FROM orgs"))
+        assert totals == {"org_a": 14 + 5 + 14 + 7, "org_b": 9, "org_c": 0}
+    finally:
+        await conn.close()
