@@ -290,8 +290,8 @@ class MemoryService:
         if conversation_id is not None:
             _known_shape(conversation_id)
         allowed: list[str] | None = None
-        async with self._pool.acquire() as conn:
-            if conversation_id is not None or clean_tags or project is not None:
+        if conversation_id is not None or clean_tags or project is not None:
+            async with self._pool.acquire() as conn:
                 if (
                     conversation_id is not None
                     and await repo.get_conversation(conn, who.org_id, conversation_id) is None
@@ -304,29 +304,36 @@ class MemoryService:
                     tags=clean_tags,
                     project=project,
                 )
-                if not allowed:
-                    return {"results": [], "total": 0}
-            # Over-fetch: a hit whose chunk was deleted a moment ago is dropped below.
-            depth = 2 * limit
-            if hybrid:  # the two rankings run side by side
-                # Both finish before `conn` goes back to the pool, even when one fails: a
-                # query left running on it would fail the next request to borrow it.
-                vector_half, lexical_half = await asyncio.gather(
-                    self._semantic.nearest(who.org_id, query, depth, allowed),
-                    lexical.search(conn, who.org_id, query, depth, allowed),
-                    return_exceptions=True,
-                )
-                if isinstance(vector_half, BaseException):
-                    raise vector_half
-                if isinstance(lexical_half, BaseException):
-                    raise lexical_half
-                ranked = _fuse(vector_half, lexical_half)
-            else:
-                vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
-                ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
+            if not allowed:
+                return {"results": [], "total": 0}
+        # No connection is held while the query is embedded and the shard searched: slow
+        # calls there must not take the pool from appends and reads.
+        depth = 2 * limit  # over-fetch: a hit whose chunk was deleted a moment ago is dropped
+        if hybrid:  # the two rankings run side by side
+            vector_half, lexical_half = await asyncio.gather(
+                self._semantic.nearest(who.org_id, query, depth, allowed),
+                self._lexical_search(who.org_id, query, depth, allowed),
+                return_exceptions=True,
+            )
+            if isinstance(vector_half, BaseException):
+                raise vector_half
+            if isinstance(lexical_half, BaseException):
+                raise lexical_half
+            ranked = _fuse(vector_half, lexical_half)
+        else:
+            vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
+            ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
+        async with self._pool.acquire() as conn:
             best = await _best_rows(conn, who.org_id, ranked, limit)
         results = [_result(row, score, snippet_chars) for row, score in best]
         return {"results": results, "total": len(results)}
+
+    async def _lexical_search(
+        self, org_id: str, query: str, depth: int, allowed: list[str] | None
+    ) -> list[str]:
+        """The full-text half of a hybrid search, on a connection of its own."""
+        async with self._pool.acquire() as conn:
+            return await lexical.search(conn, org_id, query, depth, allowed)
 
     async def usage(self, who: Principal, requests: int, month: str) -> dict[str, Any]:
         """The org's use of its plan this month."""

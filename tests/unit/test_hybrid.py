@@ -1,9 +1,11 @@
 """Hybrid search fuses vector and full-text rankings: a keyword-only match surfaces even when the
-vector index does not return it, and a failing vector half leaves nothing running on the
-connection (real PostgreSQL, fakes at the semantic-index port)."""
+vector index does not return it, a failing vector half leaves nothing running on the
+connection, and no search holds a connection while the index answers (real PostgreSQL, fakes
+at the semantic-index port)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 
@@ -33,6 +35,21 @@ class VectorHalfDown:
         self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
         raise ConnectionError("index shard down")
+
+
+class SlowIndex:
+    """Answers every chunk of the org once `answer` is set; `asked` is set while it waits."""
+
+    def __init__(self, chunk_ids: list[str]) -> None:
+        self.chunk_ids = chunk_ids
+        self.asked, self.answer = asyncio.Event(), asyncio.Event()
+
+    async def nearest(
+        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        self.asked.set()
+        await self.answer.wait()
+        return [(chunk_id, 0.5) for chunk_id in self.chunk_ids]
 
 
 @contextlib.asynccontextmanager
@@ -78,3 +95,30 @@ async def test_failed_vector_half_returns_the_connection_idle(database_url: str)
             with pytest.raises(ConnectionError, match="index shard down"):
                 await memory.search(WHO, "boats", hybrid=True)
             assert await pool.fetchval("SELECT count(*) FROM conversations") == 1
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+async def test_a_search_holds_no_connection_while_the_index_answers(
+    database_url: str, hybrid: bool
+) -> None:
+    """On a pool of one connection, the rest of the service is served while a search waits
+    for its query's embedding and the shard: a slow index must not starve the pool."""
+    index = SlowIndex([])
+    async with memory_of_org_a(database_url, index, 1) as (memory, pool):
+        cid = (await memory.create_conversation(WHO))["conversation_id"]
+        await memory.append_messages(WHO, cid, [NewMessage("user", "sailing boats at dawn")])
+        index.chunk_ids = [await pool.fetchval("SELECT chunk_id FROM chunks")]
+        searching = asyncio.create_task(
+            memory.search(WHO, "boats", conversation_id=cid, hybrid=hybrid)
+        )
+        try:
+            await asyncio.wait_for(index.asked.wait(), 5)
+            got = await asyncio.wait_for(
+                memory.get_conversation(WHO, cid, message_limit=10, message_offset=0), 5
+            )
+            assert [m["content"] for m in got["messages"]] == ["sailing boats at dawn"]
+            assert not searching.done()
+        finally:
+            index.answer.set()  # the search ends, and gives back what it holds, either way
+        found = await asyncio.wait_for(searching, 5)
+        assert [r["chunk_text"] for r in found["results"]] == ["[user]: sailing boats at dawn"]
