@@ -111,9 +111,9 @@ class Meter:
     async def _count(self, org_id: str, now: datetime) -> _Count:
         """The org's count for the month of `now`, read from PostgreSQL on first use."""
         key = (org_id, month_start(now))
-        if key not in self._counts:
+        while (count := self._counts.get(key)) is None:  # a flush may drop a past month's
             await self._load(key)
-        return self._counts[key]
+        return count
 
     async def _load(self, key: tuple[str, date]) -> None:
         waiting = self._loading.get(key)
@@ -136,7 +136,6 @@ class Meter:
 
     async def flush(self) -> None:
         """Add pending counts to PostgreSQL and refresh the totals (other replicas' too)."""
-        current = month_start(self._clock())
         taken = {key: c.pending for key, c in self._counts.items() if c.pending}
         if taken:
             rows = await self._pool.fetch(
@@ -153,9 +152,12 @@ class Meter:
                 key = (row["org_id"], row["month"])
                 self._counts[key].pending -= taken[key]
                 self._counts[key].flushed_total = int(row["requests"])
-        for key in [k for k in self._counts if k[1] != current and k not in taken]:
+        # Read after the write: the month may have turned meanwhile, and requests of the new
+        # one been counted, which the next flush writes.
+        current = month_start(self._clock())
+        for key in [k for k, c in self._counts.items() if k[1] != current and not c.pending]:
             del self._counts[key]  # a past month with nothing left to write
-        idle = [k[0] for k in self._counts if k not in taken]
+        idle = [k[0] for k in self._counts if k[1] == current and k not in taken]
         if idle:
             rows = await self._pool.fetch(
                 "SELECT org_id, requests FROM usage WHERE month = $1 AND org_id = ANY($2::text[])",
@@ -163,7 +165,8 @@ class Meter:
                 idle,
             )
             for row in rows:
-                self._counts[(row["org_id"], current)].flushed_total = int(row["requests"])
+                if (count := self._counts.get((row["org_id"], current))) is not None:
+                    count.flushed_total = int(row["requests"])
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="meter-flush")

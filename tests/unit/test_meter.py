@@ -1,9 +1,15 @@
 """The meter with an injected clock against the real PostgreSQL: exact admission, flushes that
-add, month rollover, and counts that survive a restart."""
+add, month rollover (a request counted while a flush writes the month before is kept), and
+counts that survive a restart."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
+from typing import Any
+
+import asyncpg
+import pytest
 
 from api_service.limits import Meter, next_month_start
 from api_service.store import admin
@@ -18,38 +24,76 @@ class Clock:
         return self.now
 
 
-async def test_rollover_flush_and_restart(database_url: str) -> None:
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on a database with the org org_m."""
     pool = await create_pool(database_url, 1, 2)
     try:
         async with pool.acquire() as conn:
             await admin.create_org(conn, "org_m", "m", None)
-        clock = Clock(datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC))
-        meter = Meter(pool, clock)
-        verdicts = [(await meter.admit("org_m", 3)).allowed for _ in range(5)]
-        assert verdicts == [True, True, True, False, False]
-        refused = await meter.admit("org_m", 3)
-        assert refused.reset_at == datetime(2026, 12, 1, tzinfo=UTC)
-        assert "2026-12-01T00:00:00Z" in refused.message()
-
-        clock.now = datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC)  # a new month: a new quota
-        fresh = await meter.admit("org_m", 3)
-        assert fresh.allowed and fresh.remaining == 2
-        await meter.flush()
-        rows = dict(await pool.fetch("SELECT month, requests FROM usage WHERE org_id = 'org_m'"))
-        assert rows == {date(2026, 11, 1): 6, date(2026, 12, 1): 1}
-
-        restarted = Meter(pool, clock)  # another process, or this one after a restart
-        assert await restarted.used("org_m") == 1
-        assert [(await restarted.admit("org_m", 3)).allowed for _ in range(3)] == [
-            True,
-            True,
-            False,
-        ]
-        await restarted.flush()
-        await meter.flush()  # the first process sees the second's counts after a flush
-        assert await meter.used("org_m") == 4
+        yield pool
     finally:
         await pool.close()
+
+
+async def test_rollover_flush_and_restart(pool: asyncpg.Pool) -> None:
+    clock = Clock(datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC))
+    meter = Meter(pool, clock)
+    verdicts = [(await meter.admit("org_m", 3)).allowed for _ in range(5)]
+    assert verdicts == [True, True, True, False, False]
+    refused = await meter.admit("org_m", 3)
+    assert refused.reset_at == datetime(2026, 12, 1, tzinfo=UTC)
+    assert "2026-12-01T00:00:00Z" in refused.message()
+
+    clock.now = datetime(2026, 12, 1, 0, 0, 1, tzinfo=UTC)  # a new month: a new quota
+    fresh = await meter.admit("org_m", 3)
+    assert fresh.allowed and fresh.remaining == 2
+    await meter.flush()
+    rows = dict(await pool.fetch("SELECT month, requests FROM usage WHERE org_id = 'org_m'"))
+    assert rows == {date(2026, 11, 1): 6, date(2026, 12, 1): 1}
+
+    restarted = Meter(pool, clock)  # another process, or this one after a restart
+    assert await restarted.used("org_m") == 1
+    assert [(await restarted.admit("org_m", 3)).allowed for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    await restarted.flush()
+    await meter.flush()  # the first process sees the second's counts after a flush
+    assert await meter.used("org_m") == 4
+
+
+class MonthTurnsDuringTheWrite:
+    """The pool, but the month turns while the flush's write is on its way, and a request of
+    the new month is counted meanwhile."""
+
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, org_id: str) -> None:
+        self.pool, self.clock, self.org_id = pool, clock, org_id
+        self.meter: Meter | None = None
+
+    async def fetchval(self, *args: Any) -> Any:
+        return await self.pool.fetchval(*args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        if query.lstrip().startswith("INSERT") and self.meter is not None:
+            meter, self.meter = self.meter, None
+            self.clock.now = datetime(2026, 12, 1, tzinfo=UTC)
+            assert (await meter.admit(self.org_id, 10)).allowed
+        return await self.pool.fetch(query, *args)
+
+
+async def test_a_request_counted_as_the_month_turns_is_kept(pool: asyncpg.Pool) -> None:
+    clock = Clock(datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC))
+    turning = MonthTurnsDuringTheWrite(pool, clock, "org_m")
+    meter = Meter(turning, clock)  # type: ignore[arg-type]
+    await meter.admit("org_m", 10)
+    turning.meter = meter
+    await meter.flush()  # writes November's request; December's arrives meanwhile
+    assert await meter.used("org_m") == 1
+    await meter.flush()
+    rows = dict(await pool.fetch("SELECT month, requests FROM usage WHERE org_id = 'org_m'"))
+    assert rows == {date(2026, 11, 1): 1, date(2026, 12, 1): 1}
 
 
 def test_next_month_start_wraps_the_year() -> None:
