@@ -16,6 +16,9 @@ ROLES = ("user", "assistant", "system", "tool")
 _TAG = re.compile(r"[A-Za-z0-9_.:-]+")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 METADATA_MAX_DEPTH = 32
+# JSON's escape of a NUL: `\u0000` whose backslash is not itself escaped, so after an even run
+# of backslashes. After an odd run it is the text `\u0000`, six characters and no NUL.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def is_id(value: str) -> bool:
@@ -72,7 +75,7 @@ def metadata(name: str, value: dict[str, Any] | None, limits: Limits) -> dict[st
     _require_unicode(name, encoded)
     if len(encoded.encode()) > limits.metadata_bytes:
         raise InvalidInput(f"{name} is larger than {limits.metadata_bytes} bytes as JSON")
-    if "\\u0000" in encoded:
+    if _ESCAPED_NUL.search(encoded):
         raise InvalidInput(f"{name} must not contain NUL (\\u0000) characters")
     return value
 

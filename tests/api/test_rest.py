@@ -29,6 +29,15 @@ async def test_create_takes_no_body_as_an_empty_one(service: Service, key: str) 
         assert (got["title"], got["tags"], got["metadata"]) == (None, [], {})
 
 
+async def test_metadata_keeps_the_text_of_a_nul_escape(service: Service, key: str) -> None:
+    """The text `\\u0000` is not a NUL: stored and returned as sent."""
+    metadata = {"path": "C:\\u0000\\logs", "\\u0000": "key"}
+    async with service.rest(key) as http:
+        cid = await _create(http, metadata=metadata)
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()["conversation"]
+    assert got["metadata"] == metadata
+
+
 async def test_create_append_get(service: Service, key: str) -> None:
     async with service.rest(key) as http:
         r = await http.post(

@@ -14,3 +14,15 @@ def test_tags_are_refused_with_a_trailing_newline() -> None:
 def test_ids_have_no_trailing_newline() -> None:
     assert validation.is_id("conv_abc")
     assert not validation.is_id("conv_abc\n")
+
+
+@pytest.mark.parametrize("text", ["a\x00b", "\\\x00", "\x00\\u0000", {"\x00": 1}])
+def test_metadata_with_a_nul_is_refused(text: str | dict[str, int]) -> None:
+    with pytest.raises(InvalidInput, match="NUL"):
+        validation.metadata("metadata", {"k": text}, Limits())
+
+
+@pytest.mark.parametrize("text", ["\\u0000", "C:\\u0000\\x", "\\\\\\u0000"])
+def test_metadata_may_hold_the_text_of_a_nul_escape(text: str) -> None:
+    """A backslash followed by u0000 is six characters of text, not a NUL."""
+    assert validation.metadata("metadata", {text: text}, Limits()) == {text: text}
