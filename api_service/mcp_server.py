@@ -102,8 +102,15 @@ def _caller(ctx: Context[Any, Any]) -> Principal:
 
 def _text(description: str) -> Any:
     """An optional string argument. Typed plain `str` with a default of None, because the SDK
-    JSON-decodes string arguments of any other type (`"null"` would arrive as None)."""
-    return Field(default=None, description=description)
+    JSON-decodes string arguments of any other type (`"null"` would arrive as None); declared
+    as a string or null, which `MemoryMCP.call_tool` takes as absent, so that the default
+    fits its own schema."""
+    return Field(default=None, description=description, json_schema_extra=_string_or_null)
+
+
+def _string_or_null(schema: dict[str, Any]) -> None:
+    del schema["type"]
+    schema["anyOf"] = [{"type": "string"}, {"type": "null"}]
 
 
 def _int(description: str, low: int, high: int) -> Any:

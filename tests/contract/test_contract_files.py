@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jsonschema import Draft202012Validator
+
 from api_service.contract import (
     MCP_TOOLS_FILE,
     OPENAPI_FILE,
@@ -55,6 +57,18 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
     assert (listing["limit"]["default"], listing["limit"]["maximum"]) == (20, 100)
     get = tools["get_conversation"]["properties"]
     assert (get["message_limit"]["default"], get["message_limit"]["maximum"]) == (100, 500)
+
+
+async def test_every_tool_default_fits_its_own_schema() -> None:
+    """A client that fills in defaults before validating its call must not reject its own
+    call: each declared default is valid against the schema that declares it."""
+    for tool in await live_mcp_tools():
+        definitions = tool["inputSchema"].get("$defs", {})
+        for name, schema in tool["inputSchema"]["properties"].items():
+            if "default" in schema:
+                validator = Draft202012Validator({**schema, "$defs": definitions})
+                errors = list(validator.iter_errors(schema["default"]))
+                assert not errors, f"{tool['name']}.{name}: {errors[0].message}"
 
 
 def test_openapi_has_the_seven_operations_and_usage() -> None:
