@@ -273,13 +273,15 @@ class OrgIndex:
         return count
 
     def finish_rebuild(self, store: VectorStore | None) -> None:
-        """Replay the changes not yet caught up onto `store` and switch to it (None: abandon)."""
-        if store is None:
+        """Replay the changes not yet caught up onto `store` and switch to it (None: abandon).
+        The rebuild ends either way: a replay that fails abandons `store`, and the org keeps
+        its current one, which every change reached."""
+        try:
+            if store is not None:
+                self.catch_up(store)
+                self._store = store
+        finally:
             self._changes = None
-            return
-        self.catch_up(store)
-        self._changes = None
-        self._store = store
 
     def _apply(self, removed: Labels, added: Labels, vectors: Matrix) -> None:
         self._store.remove(removed)

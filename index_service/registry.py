@@ -38,6 +38,9 @@ INLINE_VECTORS = 2048
 # Upserts run on the event loop only up to this many vectors (an append's windows: two for
 # one message, three for three), for their bookkeeping in Python costs microseconds a vector.
 INLINE_WRITE = 4
+# After a rebuild fails, the org's next one waits this long (the org keeps its index): the
+# same snapshot would most likely fail the same way, at the cost of a whole build each time.
+REBUILD_RETRY_SECONDS = 60.0
 
 
 class Source(Protocol):
@@ -52,6 +55,7 @@ class _Org:
     epoch: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rebuild: asyncio.Task[None] | None = None
+    rebuild_after: float = 0.0  # loop time before which no rebuild starts (one failed)
 
 
 @dataclass(frozen=True)
@@ -275,7 +279,12 @@ class Registry:
             self._loading.pop(org_id, None)
 
     def _maybe_rebuild(self, org_id: str, org: _Org) -> None:
-        if org.rebuild is None and self._orgs.get(org_id) is org and org.index.needs_rebuild():
+        if (
+            org.rebuild is None
+            and self._orgs.get(org_id) is org
+            and asyncio.get_running_loop().time() >= org.rebuild_after
+            and org.index.needs_rebuild()
+        ):
             org.rebuild = asyncio.create_task(self._rebuild(org_id, org))
 
     async def _rebuild(self, org_id: str, org: _Org) -> None:
@@ -306,7 +315,12 @@ class Registry:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("rebuilding org %s failed; it keeps its current index", org_id)
+            org.rebuild_after = asyncio.get_running_loop().time() + REBUILD_RETRY_SECONDS
+            log.exception(
+                "rebuilding org %s failed; it keeps its current index and tries again after %.0f s",
+                org_id,
+                REBUILD_RETRY_SECONDS,
+            )
         finally:
             org.rebuild = None
         self._maybe_rebuild(org_id, org)

@@ -155,3 +155,40 @@ async def test_an_appends_upsert_runs_on_the_event_loop_where_its_lists_are_few(
     assert threads[2].startswith("test-request") and threads[3].startswith("test-request")
     hits = await registry.search("org_a", 1, vectors[1001:1002], 1, [])
     assert hits[0].chunk_id == "c1001"
+
+
+async def test_a_failed_rebuild_waits_before_the_next_and_the_org_keeps_serving(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild that fails (here its replay of the writes made meanwhile) leaves the org on
+    its index, recording no more changes for a rebuild that ended; the next rebuild waits
+    REBUILD_RETRY_SECONDS instead of starting over at once, for ever."""
+    attempts: list[int] = []
+    catch_up = OrgIndex.catch_up
+
+    def failing_catch_up(self: OrgIndex, store: Any) -> int:
+        attempts.append(1)
+        raise MemoryError("no room to replay")
+
+    monkeypatch.setattr(OrgIndex, "catch_up", failing_catch_up)
+    vectors = clustered(1010, seed=9)
+    ids = [f"c{i}" for i in range(1010)]
+    await registry.upsert("org_a", 1, ids[:1001], ["conv"] * 1001, vectors[:1001])
+    await asyncio.wait_for(registry.settle(), 30)
+    failed = len(attempts)
+    await registry.upsert("org_a", 1, ids[1001:1005], ["conv"] * 4, vectors[1001:1005])
+    await asyncio.wait_for(registry.settle(), 30)
+    assert len(attempts) == failed > 0  # one rebuild, not retried by the write after it
+    stats = await registry.stats("org_a", 1)
+    assert (stats.vectors, stats.index_kind, stats.building) == (1005, "flat", False)
+    hits = await registry.search("org_a", 1, vectors[1004:1005], 1, [])
+    assert hits[0].chunk_id == "c1004"
+
+    monkeypatch.setattr(OrgIndex, "catch_up", catch_up)
+    monkeypatch.setattr(registry_module, "REBUILD_RETRY_SECONDS", 0.0)
+    for org in registry._orgs.values():
+        org.rebuild_after = 0.0  # the wait is over
+    await registry.upsert("org_a", 1, ids[1005:], ["conv"] * 5, vectors[1005:])
+    await asyncio.wait_for(registry.settle(), 30)
+    stats = await registry.stats("org_a", 1)
+    assert (stats.vectors, stats.index_kind) == (1010, "ivf")
