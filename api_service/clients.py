@@ -79,8 +79,12 @@ class IndexRouter:
         }
         self._timeout = timeout
 
+    def shard_of(self, org_id: str) -> str:
+        """The address of the org's shard."""
+        return shard_for(org_id, self.shards)
+
     def _stub(self, org_id: str) -> index_pb2_grpc.IndexServiceAsyncStub:
-        return self._stubs[shard_for(org_id, self.shards)]
+        return self._stubs[self.shard_of(org_id)]
 
     async def upsert(
         self, org_id: str, items: Sequence[tuple[str, str, int, bytes]], dim: int

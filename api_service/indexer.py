@@ -9,7 +9,8 @@ the job's closing follows in the same task. The background worker drains
 everything else: appends that do not wait, jobs whose first attempt failed, and those of a
 replica that died. Jobs are leased (run_after moves forward) rather than locked for the whole
 run, so a crashed worker's jobs come back after the lease, and several replicas can drain one
-outbox.
+outbox. A service that does not answer one job of a batch is not called again in that batch:
+the jobs that need it wait for their retry, and the other shards' jobs go on.
 
 A second task keeps the term statistics of the orgs it indexed current for lexical search
 (store/lexical.py); a recount of a large org takes seconds, so it never holds up the outbox.
@@ -24,7 +25,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import asyncpg
@@ -44,6 +45,12 @@ POLL_SECONDS = 1.0
 STATS_CHECK_SECONDS = 10.0
 FLUSH_SECONDS = 1.0
 DONE_REMEMBERED = 10_000
+# Status codes of a call whose service did not answer: refused, or silent past the deadline.
+UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+EMBEDDER = "embed_service"  # the name a batch's unreachable services know the embedder by
+# Embeddings at a size that a deadline forced down, after which the size doubles again (up to
+# the batch size): an overload passes, and one-text calls would otherwise stay for good.
+GROW_AFTER_CALLS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,27 @@ class Job:
     conversation_id: str
     chunk_ids: list[str]
     attempts: int
+
+
+class Unreachable(Exception):
+    """A service the job needs did not answer an earlier job of its batch."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"{service} did not answer earlier in this batch")
+
+
+@contextlib.contextmanager
+def _reaching(service: str, down: set[str]) -> Iterator[None]:
+    """Run a call to `service` unless the batch found it `down`; add it there if the call
+    finds it unreachable."""
+    if service in down:
+        raise Unreachable(service)
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in UNREACHABLE:
+            down.add(service)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +116,7 @@ class Indexer:
         self._index = index
         self._batch_size = batch_size
         self._embed_size = batch_size  # texts per embedding call; smaller after a deadline
+        self._fitted = 0  # embeddings whose calls all fitted since the size last changed
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()  # set, then replaced, after each batch
         self._tasks: list[asyncio.Task[None]] = []
@@ -130,12 +159,17 @@ class Indexer:
         """The texts' vectors, embedded at most `_embed_size` texts a call. A call that runs
         past its deadline is split in two and each half tried again, and later calls keep the
         smaller size: the model on a CPU can take longer over a full batch than the deadline
-        allows, and retrying the whole batch would fail the same way for ever."""
+        allows, and retrying the whole batch would fail the same way for ever. After
+        GROW_AFTER_CALLS embeddings whose calls all fit, the size doubles again."""
         size = self._embed_size
         parts = [
             await self._embed_call(texts[start : start + size])
             for start in range(0, len(texts), size)
         ]
+        if self._embed_size == size < self._batch_size:  # none of its calls was split
+            self._fitted += 1
+            if self._fitted >= GROW_AFTER_CALLS:
+                self._embed_size, self._fitted = min(self._batch_size, 2 * size), 0
         return np.vstack(parts)
 
     async def _embed_call(self, texts: Sequence[str]) -> Vectors:
@@ -147,7 +181,7 @@ class Indexer:
                 raise
         half = len(texts) // 2
         if half < self._embed_size:
-            self._embed_size = half
+            self._embed_size, self._fitted = half, 0
             log.warning(
                 "indexer: embedding %d texts ran past the deadline; now %d a call", len(texts), half
             )
@@ -269,12 +303,17 @@ class Indexer:
             loop = asyncio.get_running_loop()
             close_at = loop.time() + LEASE_SECONDS / 2
             done: list[Job] = []
+            # Services that did not answer a job of this batch. The jobs after it that need
+            # one are put off without calling it: otherwise one shard down, each call waiting
+            # out its deadline, holds up every other shard's jobs behind its own.
+            down: set[str] = set()
             for job in jobs:
                 try:
                     if job.kind == "delete":
-                        await self._index.delete_conversation(job.org_id, job.conversation_id)
+                        with _reaching(self._index.shard_of(job.org_id), down):
+                            await self._index.delete_conversation(job.org_id, job.conversation_id)
                     else:
-                        await self._index_chunks(job)
+                        await self._index_chunks(job, down)
                 except Exception as exc:  # any failure: keep the job, retry with backoff
                     await self._leases.release([job.job_id])
                     await self._retry_later(job, exc)
@@ -355,7 +394,7 @@ class Indexer:
         )
         return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
 
-    async def _index_chunks(self, job: Job) -> None:
+    async def _index_chunks(self, job: Job, down: set[str]) -> None:
         rows = await self._pool.fetch(
             """SELECT c.chunk_id, c.conversation_id, c.version, c.text, v.embedding
                  FROM chunks c
@@ -364,28 +403,36 @@ class Indexer:
             job.org_id,
             job.chunk_ids,
         )
-        await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows])
+        await self._embed_and_index(job.org_id, [_Chunk(**dict(r)) for r in rows], down=down)
 
     async def _embed_and_index(
-        self, org_id: str, chunks: list[_Chunk], vectors: Vectors | None = None
+        self,
+        org_id: str,
+        chunks: list[_Chunk],
+        vectors: Vectors | None = None,
+        down: set[str] | None = None,
     ) -> None:
         """Embed the chunks that have no vector yet (or take their `vectors`, one per such
         chunk, in order), store the new vectors, and upsert every chunk's vector, with its
         version, to the org's shard: they are searchable on return. A chunk rebuilt meanwhile
-        was queued again with a newer version, which its shard keeps over this one."""
+        was queued again with a newer version, which its shard keeps over this one. `down`:
+        the services a batch found unreachable (Unreachable if one is needed)."""
+        down = set() if down is None else down
         # Already embedded (by an earlier attempt, or a later job): ready as stored.
         ready = [c for c in chunks if c.embedding is not None]
         pending = [c for c in chunks if c.embedding is None]
         if pending:
             if vectors is None:
-                vectors = await self._embed([c.text for c in pending])
+                with _reaching(EMBEDDER, down):
+                    vectors = await self._embed([c.text for c in pending])
             blobs = [vector.astype("<f4").tobytes() for vector in vectors]
             with timing.part("vectors"):
                 await self._store_vectors(org_id, pending, blobs)
             ready += [replace(c, embedding=b) for c, b in zip(pending, blobs, strict=True)]
         if ready:
             items = [(c.chunk_id, c.conversation_id, c.version, c.embedding or b"") for c in ready]
-            await self._index.upsert(org_id, items, len(items[0][3]) // 4)
+            with _reaching(self._index.shard_of(org_id), down):
+                await self._index.upsert(org_id, items, len(items[0][3]) // 4)
 
     async def _store_vectors(
         self, org_id: str, chunks: Sequence[_Chunk], blobs: Sequence[bytes]

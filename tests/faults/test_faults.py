@@ -17,12 +17,14 @@ from typing import Any
 
 import asyncpg
 import grpc
+import numpy as np
 import pytest
 
 from api_service import indexer
+from api_service.clients import EmbedClient, IndexRouter
 from api_service.settings import ApiSettings
 from embed_service.hashing import HashingEmbedder
-from index_service.routing import routing_epoch
+from index_service.routing import routing_epoch, shard_for
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 from tests.api.harness import (
     COSINE_1,
@@ -341,3 +343,90 @@ async def test_an_embedding_call_past_its_deadline_is_split(
             found = await mcp.ok("search", query="[user]: turn 27 of the long talk", limit=3)
             assert found["results"] and found["results"][0]["conversation_id"] == cid
     assert any("ran past the deadline" in r.getMessage() for r in caplog.records)
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """An address that accepts connections and never answers: a shard whose host hangs."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_shard_that_does_not_answer_holds_up_no_other_shards_jobs(
+    database_url: str,
+) -> None:
+    """Jobs run one after another in a batch. Once a call to a shard times out, the batch's
+    other jobs for that shard are put off without calling it, so the other shards' jobs
+    behind them are done at once rather than after one deadline a job."""
+    running = Stack(database_url)
+    async with silent_server() as silent:
+        try:
+            await running.start_index()
+            shards = [silent, running.index_address]
+            org_on = {shard_for(f"org_{i}", shards): f"org_{i}" for i in range(50)}
+            stuck, served = org_on[silent], org_on[running.index_address]
+            pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+            assert pool is not None
+            jobs: dict[str, list[int]] = {stuck: [], served: []}
+            vector = np.full(768, 768**-0.5, dtype="<f4").tobytes()
+            for org_id, count in ((stuck, 4), (served, 2)):  # the stuck org's jobs come first
+                await pool.execute("INSERT INTO orgs (org_id, name) VALUES ($1, $1)", org_id)
+                for n in range(count):
+                    cid = f"conv_{n}"
+                    await pool.execute(
+                        "INSERT INTO conversations (org_id, conversation_id) VALUES ($1, $2)",
+                        org_id,
+                        cid,
+                    )
+                    await pool.execute(
+                        "INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id, "
+                        "end_sequence, text) VALUES ($1, $2, 1, $3, 1, 'x')",
+                        org_id,
+                        cid,
+                        f"chk_{org_id}_{n}",
+                    )
+                    await pool.execute(  # embedded before: the embedder is not called
+                        "INSERT INTO chunk_vectors (org_id, conversation_id, start_sequence, "
+                        "version, embedding) VALUES ($1, $2, 1, 1, $3)",
+                        org_id,
+                        cid,
+                        vector,
+                    )
+                    jobs[org_id].append(
+                        await pool.fetchval(
+                            "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
+                            "VALUES ($1, 'upsert', $2, ARRAY[$3]) RETURNING job_id",
+                            org_id,
+                            cid,
+                            f"chk_{org_id}_{n}",
+                        )
+                    )
+            worker = indexer.Indexer(
+                pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(shards, 1.0), batch_size=64
+            )
+            started = time.monotonic()
+            assert await worker.run_once()
+            took = time.monotonic() - started
+            left = {
+                r["job_id"]: r["last_error"]
+                for r in await pool.fetch(
+                    "SELECT job_id, last_error FROM index_outbox WHERE run_after > now()"
+                )
+            }
+            assert set(left) == set(jobs[stuck])  # the served org's jobs are closed
+            assert sum("did not answer" in error for error in left.values()) == 3
+            assert took < 3.0  # one deadline (1 s), not four
+            await pool.close()
+        finally:
+            running.close()
