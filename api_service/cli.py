@@ -6,8 +6,11 @@ import argparse
 import asyncio
 import sys
 import time
+import urllib.parse
+from typing import NoReturn
 
 import asyncpg
+from pydantic import ValidationError
 
 from api_service import auth, devstack
 from api_service.cli_support import CliError, database, on_database
@@ -140,6 +143,32 @@ def cmd_key_list(settings: ApiSettings, args: argparse.Namespace) -> None:
     on_database(settings, work)
 
 
+MAX_KEY_DAYS = 36_500  # a key's longest life, about a century
+
+
+def _days(text: str) -> float:
+    """--expires-in: a positive, finite number of days, at most MAX_KEY_DAYS."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 0 < days <= MAX_KEY_DAYS:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"give more than 0 and at most {MAX_KEY_DAYS} days")
+    return days
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    more: str = "",
+) -> argparse.ArgumentParser:
+    """A subcommand whose own --help says what it does: `summary` in the parent's list, and
+    with `more` at the top of its --help."""
+    description = f"{summary[:1].upper()}{summary[1:]}. {more}".strip()
+    return sub.add_parser(name, help=summary, description=description)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memctl",
@@ -151,7 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = sub.add_parser("up", help="run api, embed and index services on loopback")
+    up = _command(
+        sub,
+        "up",
+        "run api, embed and index services on loopback",
+        "Uses DATABASE_URL when set, otherwise starts PostgreSQL embedded under MEMORY_DATA_DIR "
+        "(default ./var). On first start it creates the organization 'dev' with a read+write "
+        "key, kept in MEMORY_DATA_DIR/dev-api-key, and prints the base URL, the key and an MCP "
+        "client configuration. Ctrl-C stops every service (and the embedded PostgreSQL).",
+    )
     up.add_argument("--port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--embed-port", type=int, default=50051, help="embed_service gRPC port")
     up.add_argument("--index-port", type=int, default=50061, help="index_service gRPC port")
@@ -170,16 +207,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(run=devstack.cmd_up)
 
-    mig = sub.add_parser("migrate", help="apply pending schema migrations")
+    mig = _command(
+        sub,
+        "migrate",
+        "apply pending schema migrations",
+        "Applies, in order, the migrations the database has not had; several replicas may run "
+        "it at once. The API also migrates when it starts.",
+    )
     mig.set_defaults(run=cmd_migrate)
 
-    org = sub.add_parser("org", help="manage organizations").add_subparsers(
+    org = _command(sub, "org", "manage organizations").add_subparsers(
         dest="org_command", required=True, metavar="ACTION"
     )
-    org_create = org.add_parser("create", help="create an organization")
+    org_create = _command(
+        org, "create", "create an organization", "Then give it a key: memctl key create --org NAME"
+    )
     org_create.add_argument("name", help="unique organization name")
     org_create.set_defaults(run=cmd_org_create)
-    org_set = org.add_parser("set", help="change an organization's settings")
+    org_set = _command(org, "set", "change an organization's settings")
     org_set.add_argument("name", help="organization name")
     org_set.add_argument(
         "--redact-pii",
@@ -189,10 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     org_set.set_defaults(run=cmd_org_set)
 
-    plan = sub.add_parser("plan", help="manage plans (limits)").add_subparsers(
+    plan = _command(sub, "plan", "manage plans (limits)").add_subparsers(
         dest="plan_command", required=True, metavar="ACTION"
     )
-    plan_create = plan.add_parser("create", help="create or update a plan")
+    plan_create = _command(
+        plan,
+        "create",
+        "create or update a plan",
+        "Put an organization on it with: memctl plan set --org ORG --plan NAME",
+    )
     plan_create.add_argument("name", help="plan name")
     plan_create.add_argument(
         "--requests", type=int, required=True, help="API requests per UTC month (429 past it)"
@@ -207,33 +257,48 @@ def build_parser() -> argparse.ArgumentParser:
         "--conversations", type=int, required=True, help="conversations (402 past it)"
     )
     plan_create.set_defaults(run=cmd_plan_create)
-    plan_set = plan.add_parser("set", help="put an organization on a plan")
+    plan_set = _command(plan, "set", "put an organization on a plan")
     plan_set.add_argument("--org", required=True, help="organization name")
     plan_set.add_argument(
         "--plan", required=True, help="plan name, or 'default' for the configured default limits"
     )
     plan_set.set_defaults(run=cmd_plan_set)
 
-    usage = sub.add_parser("usage", help="an organization's use of its plan this month")
+    usage = _command(sub, "usage", "an organization's use of its plan this month")
     usage.add_argument("--org", required=True, help="organization name")
     usage.set_defaults(run=cmd_usage)
 
-    key = sub.add_parser("key", help="manage API keys").add_subparsers(
+    key = _command(sub, "key", "manage API keys").add_subparsers(
         dest="key_command", required=True, metavar="ACTION"
     )
-    key_create = key.add_parser("create", help="create a key (printed once)")
+    key_create = _command(
+        key,
+        "create",
+        "create a key (printed once)",
+        "The key is printed once and stored only as its SHA-256 digest: keep it now. Clients "
+        "send it as 'Authorization: Bearer KEY' to REST and MCP alike.",
+    )
     key_create.add_argument("--org", required=True, help="organization name")
     key_create.add_argument(
         "--scopes", default="read,write", help="comma-separated: read, write (default read,write)"
     )
     key_create.add_argument(
-        "--expires-in", type=float, metavar="DAYS", help="expire after DAYS days (default: never)"
+        "--expires-in",
+        type=_days,
+        metavar="DAYS",
+        help=f"expire after DAYS days, at most {MAX_KEY_DAYS} (default: never)",
     )
     key_create.set_defaults(run=cmd_key_create)
-    key_revoke = key.add_parser("revoke", help="revoke a key by its id")
+    key_revoke = _command(
+        key,
+        "revoke",
+        "revoke a key by its id",
+        "Requests with it get 403 from the next one on (each api process is told through "
+        "PostgreSQL).",
+    )
     key_revoke.add_argument("key_id", help="key id, as shown by 'memctl key list'")
     key_revoke.set_defaults(run=cmd_key_revoke)
-    key_list = key.add_parser("list", help="list an organization's keys")
+    key_list = _command(key, "list", "list an organization's keys")
     key_list.add_argument("--org", required=True, help="organization name")
     key_list.set_defaults(run=cmd_key_list)
     return parser
@@ -241,15 +306,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    settings = ApiSettings()
     try:
+        settings = ApiSettings()
+        _check_database_url(settings.database_url)
         args.run(settings, args)
+    except ValidationError as exc:  # the values are left out: a URL may hold a password
+        fields = ", ".join(str(part) for e in exc.errors() for part in e["loc"][:1])
+        _fail(f"invalid setting: {fields} (see the README's settings)")
     except (CliError, ServiceError) as exc:
-        print(f"memctl: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        _fail(str(exc))
     except (OSError, asyncpg.PostgresError) as exc:
-        print(f"memctl: database error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        _fail(f"database error: {exc}")
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+def _check_database_url(url: str | None) -> None:
+    """A DATABASE_URL the driver can read; its text is not shown, as it may hold a password."""
+    if url is None:
+        return
+    try:
+        urllib.parse.urlsplit(url).port  # noqa: B018 (raises on a port that is no number)
+    except ValueError:
+        raise CliError(
+            "DATABASE_URL is malformed: its host part does not parse (percent-encode "
+            "characters such as / # ? @ : in the user name and password)"
+        ) from None
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"memctl: {message}", file=sys.stderr)
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +26,24 @@ from api_service.core.ids import new_id
 from api_service.settings import ApiSettings
 from api_service.store import admin
 from api_service.store.db import Conn
+from api_service.store.records import ApiKey
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 DEV_ORG = "dev"
 
 
 def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
-    """The dev org's read+write key: created on first start, kept in `key_file` (mode 600)."""
+    """The dev org's read+write key: created on first start, kept in `key_file` (mode 600),
+    and created again when the kept one no longer works (revoked, expired, or of another
+    database)."""
     kept = key_file.read_text().strip() if key_file.exists() else None
 
     async def work(conn: Conn) -> str | None:
         org = await admin.org_by_name(conn, DEV_ORG)
         if org is not None and kept:
-            return None
+            found = await admin.key_by_hash(conn, auth.hash_key(kept))
+            if found is not None and found.key.org_id == org.org_id and _works(found.key):
+                return None
         org_id = (
             org.org_id
             if org
@@ -51,9 +57,21 @@ def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
         assert kept is not None
         return kept, False
     key_file.parent.mkdir(parents=True, exist_ok=True)
-    key_file.touch(mode=0o600)
-    key_file.write_text(secret + "\n")
+    _write_private(key_file, secret + "\n")
     return secret, True
+
+
+def _works(key: ApiKey) -> bool:
+    """Neither revoked nor expired."""
+    expired = key.expires_at is not None and key.expires_at <= datetime.now(UTC)
+    return key.revoked_at is None and not expired
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable by its owner only (also when it existed before)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
+    path.chmod(0o600)
 
 
 def _in_use(port: int) -> bool:
@@ -121,7 +139,15 @@ def _http_ready(url: str) -> Callable[[], bool]:
     return check
 
 
+def _stop_on_signal(signum: int, _: Any) -> None:
+    """SIGTERM or SIGHUP (the terminal closed) before the services run, or SIGHUP after:
+    unwind as Ctrl-C does, so the services and the embedded PostgreSQL are stopped too."""
+    raise KeyboardInterrupt
+
+
 def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_on_signal)
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
     index_address = f"127.0.0.1:{args.index_port}"
@@ -153,6 +179,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             "MEMORY_DATA_DIR": str(data_dir),
         }
         procs: list[subprocess.Popen[bytes]] = []
+        exited: str | None = None
         try:
             for module in ("embed_service", "index_service"):
                 print(f"  starting {module}")
@@ -168,9 +195,11 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             procs.append(_service("api_service", env))
             _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
             _print_welcome(base_url, key, created, data_dir)
-            _supervise(procs)
+            exited = _supervise(procs)
         finally:
             _stop_all(procs)
+    if exited is not None:
+        raise CliError(f"{exited}; its log is above, and the other services were stopped")
     print("stopped")
 
 
@@ -220,8 +249,8 @@ def _service(module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Block until Ctrl-C / SIGTERM or until a service exits."""
+def _supervise(procs: list[subprocess.Popen[bytes]]) -> str | None:
+    """Block until Ctrl-C / SIGTERM (None) or until a service exits (which one, and how)."""
     stop = False
 
     def on_signal(signum: int, _: Any) -> None:
@@ -234,12 +263,20 @@ def _supervise(procs: list[subprocess.Popen[bytes]]) -> None:
         while not stop:
             for p in procs:
                 if p.poll() is not None:
-                    print(f"a service exited with status {p.returncode}; stopping the rest")
-                    return
+                    exited = f"{_module(p)} exited with status {p.returncode}"
+                    print(f"{exited}; stopping the rest")
+                    return exited
             time.sleep(0.5)
         print("\nstopping...")
+        return None
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C forces
+
+
+def _module(proc: subprocess.Popen[bytes]) -> str:
+    """The service a process of `_service` runs (its command's last word)."""
+    args = proc.args
+    return str(args[-1]) if isinstance(args, list) else "a service"
 
 
 def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -296,8 +333,8 @@ def stack_in_subprocess(
     data_dir.mkdir(parents=True, exist_ok=True)
     child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
     child_env.pop("DATABASE_URL", None)
-    log_path = data_dir / "stack.log"
-    with log_path.open("a") as log:
+    log_path = data_dir / "stack.log"  # it holds the dev key, as memctl up prints it
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as log:
         proc = subprocess.Popen(  # noqa: S603 (our own CLI, fixed arguments)
             [
                 sys.executable,

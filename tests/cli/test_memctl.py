@@ -6,10 +6,11 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from api_service import auth
+from api_service import auth, devstack
 from api_service.core.errors import Forbidden
 from api_service.store.db import create_pool
 
@@ -79,14 +80,35 @@ def test_clear_errors(database_url: str) -> None:
     unknown = memctl(database_url, "key", "revoke", "key_unknown")
     assert unknown.returncode == 1 and "memctl key list" in unknown.stderr
 
+    for days in ("-1", "0", "inf", "nan", "1e7", "soon"):
+        never = memctl(database_url, "key", "create", "--org", "x", "--expires-in", days)
+        assert never.returncode == 2 and "--expires-in" in never.stderr, days
+        assert "Traceback" not in never.stderr
+
+
+def test_a_malformed_database_url_is_named_without_its_password(database_url: str) -> None:
+    for url, secret in (
+        ("postgresql://app:s3cr/et@db/memory", "s3cr"),
+        ("postgresql://app:x9q#v@db/memory", "x9q"),
+    ):
+        failed = memctl(url, "migrate")
+        assert failed.returncode == 1 and "DATABASE_URL is malformed" in failed.stderr
+        assert "Traceback" not in failed.stderr and secret not in failed.stderr
+
 
 def test_help_documents_every_command(database_url: str) -> None:
     top = memctl(database_url, "--help")
     for command in ("up", "migrate", "org", "key"):
         assert command in top.stdout
     up = memctl(database_url, "up", "--help")
-    for option in ("--port", "--embedder", "--timeout"):
-        assert option in up.stdout
+    for text in ("--port", "--embedder", "--timeout", "Ctrl-C", "dev-api-key"):
+        assert text in up.stdout
+    # Each command's own --help says what it does, not only how it is called.
+    for command in (["migrate"], ["org", "create"], ["key", "create"], ["usage"]):
+        shown = memctl(database_url, *command, "--help").stdout
+        description = shown.split("\n\n")[1]
+        assert not description.startswith(("options:", "positional")), command
+    assert "printed once" in memctl(database_url, "key", "create", "--help").stdout
 
 
 def test_plans_and_usage(database_url: str) -> None:
@@ -115,3 +137,19 @@ def test_plans_and_usage(database_url: str) -> None:
     assert "conversations: 0 of 3" in usage.stdout
     missing = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "nope")
     assert missing.returncode == 1 and "memctl plan create nope" in missing.stderr
+
+
+def test_the_dev_key_is_kept_private_and_replaced_once_revoked(
+    database_url: str, tmp_path: Path
+) -> None:
+    key_file = tmp_path / "dev-api-key"
+    key_file.write_text("")
+    key_file.chmod(0o644)  # left readable by an earlier version
+    first, created = devstack._dev_key(database_url, key_file)
+    assert created and key_file.stat().st_mode & 0o777 == 0o600
+    assert devstack._dev_key(database_url, key_file) == (first, False)
+    key_id = re.search(r"(key_\S+)", memctl(database_url, "key", "list", "--org", "dev").stdout)
+    assert key_id
+    assert memctl(database_url, "key", "revoke", key_id.group(1)).returncode == 0
+    second, created = devstack._dev_key(database_url, key_file)  # memctl up would show it
+    assert created and second != first and key_file.read_text().strip() == second

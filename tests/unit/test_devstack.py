@@ -1,12 +1,14 @@
-"""The benchmarks' stack in a child process: a fresh start never empties a folder that a running
-PostgreSQL server uses."""
+"""memctl up and the benchmarks' stack in a child process: a fresh start never empties a folder
+that a running PostgreSQL server uses, and a stack stopped by a signal stops its server."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +50,40 @@ def test_a_fresh_stack_leaves_a_running_servers_folder_alone(tmp_path: Path) -> 
     ):
         pass
     assert (pgdata / "postmaster.pid").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_memctl_up_stopped_while_starting_stops_its_postgres(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """SIGTERM (kill) or SIGHUP (the terminal closed) before the services are up unwinds as
+    Ctrl-C does: the embedded PostgreSQL does not outlive memctl."""
+    ports = [str(_free_port()) for _ in range(3)]
+    command = [sys.executable, "-m", "api_service.cli", "up", "--embedder", "hashing"]
+    command += ["--port", ports[0], "--embed-port", ports[1], "--index-port", ports[2]]
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as log:
+        up = subprocess.Popen(
+            command,
+            env={**env, "MEMORY_DATA_DIR": str(tmp_path)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    pgdata = tmp_path / "postgres"
+    try:
+        deadline = time.monotonic() + 120
+        while "starting embed_service" not in log_path.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        assert _postgres_running(pgdata) is not None
+        up.send_signal(signum)
+        assert up.wait(timeout=60) == 130, log_path.read_text()
+        assert "Traceback" not in log_path.read_text()
+        assert _postgres_running(pgdata) is None
+    finally:
+        if up.poll() is None:
+            up.kill()
+        left = _postgres_running(pgdata)
+        if left is not None:
+            os.kill(left, signal.SIGTERM)
