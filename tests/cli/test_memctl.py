@@ -96,6 +96,19 @@ def test_a_malformed_database_url_is_named_without_its_password(database_url: st
         assert "Traceback" not in failed.stderr and secret not in failed.stderr
 
 
+def test_a_bad_setting_is_named_without_its_value(database_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": database_url, "MEMORY_DB_POOL_MAX": "many-s3cret"}
+    failed = subprocess.run(
+        [sys.executable, "-m", "api_service.cli", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert failed.returncode == 1 and "invalid setting: db_pool_max" in failed.stderr
+    assert "Traceback" not in failed.stderr and "s3cret" not in failed.stderr
+
+
 def test_help_documents_every_command(database_url: str) -> None:
     top = memctl(database_url, "--help")
     for command in ("up", "migrate", "org", "key"):
