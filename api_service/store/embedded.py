@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -120,5 +121,30 @@ def start_embedded(data_dir: Path) -> tuple[str, Any]:
     )
     server.ensure_pgdata_inited()  # initdb on first use
     _configure(data_dir)
+    _forget_dead_handles(data_dir)
     server.start()
     return server.get_uri(_database(server)), server
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop the processes that died without saying so (SIGKILL) from the server's list of
+    those using it: the last process to leave stops the server, and with a dead one still
+    listed none would ever be the last."""
+    listed = data_dir / ".handle_pids.json"
+    try:
+        pids = json.loads(listed.read_text() or "[]")
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if _alive(pid)]
+    if alive != pids:
+        listed.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -4,10 +4,14 @@ defaults."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import asyncpg
 
+from api_service.devstack import _postgres_running
 from api_service.store.embedded import DATABASE, GIB, settings, start_embedded
 
 
@@ -99,3 +103,35 @@ async def test_an_older_server_makes_its_database_in_the_clusters_locale(tmp_pat
         server.cleanup()
     assert int(version) // 10000 == 16
     assert provider == b"c"
+
+
+def test_a_server_a_killed_process_left_running_stops_with_the_next_one(tmp_path: Path) -> None:
+    """A process killed with SIGKILL never takes itself off the server's list of users; the
+    next process to use the folder drops it, so that process's exit stops the server."""
+    folder = tmp_path / "pg"
+    killed = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from api_service.store.embedded import start_embedded; "
+            "start_embedded(__import__('pathlib').Path(sys.argv[1])); print('up', flush=True); "
+            "time.sleep(600)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert killed.stdout is not None and killed.stdout.readline().strip() == "up"
+    finally:
+        killed.kill()
+        killed.wait()
+    running = _postgres_running(folder)
+    assert running is not None  # left behind
+    try:
+        _, server = start_embedded(folder)
+        server.cleanup()
+        assert _postgres_running(folder) is None
+    finally:
+        if _postgres_running(folder) is not None:
+            os.kill(running, signal.SIGTERM)
