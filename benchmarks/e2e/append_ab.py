@@ -1,4 +1,5 @@
-"""A/B of one-message appends between two commits, in alternated rounds on one machine.
+"""A/B of one-message appends, and of searches, between two commits, in alternated rounds on
+one machine.
 
     python benchmarks/e2e/append_ab.py BEFORE AFTER [--rounds 6] [--appends 300]
 
@@ -7,9 +8,12 @@ append path move it, so two runs one after the other do not compare. Each round 
 stack (embedded PostgreSQL, hashing embedder) from each commit in turn, on a fresh data
 folder, and times --appends one-message appends into a new conversation after a warm-up, as
 `run.py` times them: the whole request at the client, and the service's own time with its
-parts from Server-Timing (write, vectors, index; embed_wait is left out of `own`). The order
-of the two alternates between rounds. Each commit runs from a git worktree (under
-var/append-ab, removed at the end) with this checkout's virtual environment.
+parts from Server-Timing (write, vectors, index; embed_wait is left out of `own`). Then it
+times as many REST (hybrid) searches of the org that conversation makes, org-wide and scoped
+to it (`search_own` and `scoped_own`, the embedding taken out as `run.py` does; `search_client`
+as the client sees an org-wide one). The order of the two alternates between rounds. Each
+commit runs from a git worktree (under var/append-ab, removed at the end) with this
+checkout's virtual environment.
 
 Reports each part's median over rounds for both commits, and the median of the rounds'
 paired differences (after - before): a round's two runs are minutes apart, so drift cancels
@@ -37,11 +41,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-PARTS = ("own", "write", "vectors", "index", "client")
+PARTS = ("own", "write", "vectors", "index", "client", "search_own", "scoped_own", "search_client")
 WARMUP = 30
 
 
-async def _appends(base_url: str, key: str, count: int) -> dict[str, float]:
+async def _appends_and_searches(base_url: str, key: str, count: int) -> dict[str, float]:
     from own_time import without_embedding  # this checkout's rule, whatever the commit
 
     from api_service import timing  # the commit's, found first on PYTHONPATH
@@ -67,6 +71,19 @@ async def _appends(base_url: str, key: str, count: int) -> dict[str, float]:
             samples["client"].append(took * 1000)
             for part in ("write", "vectors", "index"):
                 samples[part].append(parts.get(part, 0.0))
+        for i in range(WARMUP + count):
+            question = {"q": f"when did note {i % 97} say the meeting moved"}
+            for scope, part in (({}, "search_own"), ({"conversation_id": cid}, "scoped_own")):
+                t0 = time.perf_counter()
+                r = await http.get("/api/v1/search", params={**question, **scope})
+                took = time.perf_counter() - t0
+                r.raise_for_status()
+                if i >= WARMUP:
+                    samples[part].append(
+                        without_embedding(timing.parse(r.headers["server-timing"]))
+                    )
+                    if not scope:
+                        samples["search_client"].append(took * 1000)
     return {part: float(np.percentile(values, 50)) for part, values in samples.items()}
 
 
@@ -75,7 +92,7 @@ def one_run(args: argparse.Namespace) -> None:
     from api_service.devstack import stack_in_subprocess
 
     with stack_in_subprocess(args.data_dir, args.port, "hashing", fresh=True) as (base, key):
-        print(json.dumps(asyncio.run(_appends(base, key, args.appends))), flush=True)
+        print(json.dumps(asyncio.run(_appends_and_searches(base, key, args.appends))), flush=True)
     shutil.rmtree(args.data_dir, ignore_errors=True)
 
 
@@ -150,7 +167,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(PARTS), figsize=(3 * len(PARTS), 3.2))
+    fig, axes = plt.subplots(2, len(PARTS) // 2, figsize=(3 * len(PARTS) // 2, 6.4))
+    axes = axes.ravel()
     rounds = np.arange(1, result["rounds"] + 1)
     for ax, part in zip(axes, PARTS, strict=True):
         for rev in (result["before"], result["after"]):
@@ -160,7 +178,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("round")
         ax.set_ylabel("p50 ms")
         ax.legend(fontsize=7)
-    fig.suptitle(f"one-message appends, {result['appends']} a run; {result['machine']}", fontsize=9)
+    fig.suptitle(
+        f"one-message appends and searches, {result['appends']} each a run; {result['machine']}",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -173,7 +194,9 @@ def main() -> None:
     parser.add_argument("before", nargs="?", help="commit to compare from")
     parser.add_argument("after", nargs="?", help="commit to compare with it")
     parser.add_argument("--rounds", type=int, default=6, help="rounds (each runs both commits)")
-    parser.add_argument("--appends", type=int, default=300, help="timed appends a run")
+    parser.add_argument(
+        "--appends", type=int, default=300, help="timed appends a run, and as many searches"
+    )
     parser.add_argument("--port", type=int, default=8430, help="port of the started stacks")
     parser.add_argument("--machine", default="this machine", help="names it in the plot")
     parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
