@@ -185,7 +185,7 @@ class KeyCache:
 
 
 async def resolve(
-    pool: asyncpg.Pool,
+    pool: Conn | asyncpg.Pool,
     digest: bytes,
     default_plan: PlanLimits | None = None,
     now: datetime | None = None,

@@ -14,19 +14,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 
 from api_service import auth
 from api_service.cli_support import CliError, database, with_conn
+from api_service.core.errors import Forbidden, Unauthorized
 from api_service.core.ids import new_id
 from api_service.settings import ApiSettings
 from api_service.store import admin
 from api_service.store.db import Conn
-from api_service.store.records import ApiKey
+from api_service.store.embedded import process_alive
 from memory_proto import embed_pb2, embed_pb2_grpc, index_pb2, index_pb2_grpc
 
 DEV_ORG = "dev"
@@ -41,9 +41,9 @@ def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
     async def work(conn: Conn) -> str | None:
         org = await admin.org_by_name(conn, DEV_ORG)
         if org is not None and kept:
-            found = await admin.key_by_hash(conn, auth.hash_key(kept))
-            if found is not None and found.key.org_id == org.org_id and _works(found.key):
-                return None
+            with contextlib.suppress(Unauthorized, Forbidden):  # unknown, revoked, expired
+                if (await auth.resolve(conn, auth.hash_key(kept))).org_id == org.org_id:
+                    return None
         org_id = (
             org.org_id
             if org
@@ -57,21 +57,17 @@ def _dev_key(url: str, key_file: Path) -> tuple[str, bool]:
         assert kept is not None
         return kept, False
     key_file.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(key_file, secret + "\n")
+    with _open_private(key_file, os.O_TRUNC, "w") as out:
+        out.write(secret + "\n")
     return secret, True
 
 
-def _works(key: ApiKey) -> bool:
-    """Neither revoked nor expired."""
-    expired = key.expires_at is not None and key.expires_at <= datetime.now(UTC)
-    return key.revoked_at is None and not expired
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path`, readable by its owner only (also when it existed before)."""
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        out.write(text)
-    path.chmod(0o600)
+def _open_private(path: Path, flags: int, mode: str) -> IO[str]:
+    """`path` opened for writing with `flags` (O_TRUNC, O_APPEND), readable by its owner only,
+    also when it existed before."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode)
 
 
 def _in_use(port: int) -> bool:
@@ -86,13 +82,7 @@ def _postgres_running(pgdata: Path) -> int | None:
         pid = int((pgdata / "postmaster.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:  # alive, another user's
-        return pid
-    return pid
+    return pid if process_alive(pid) else None
 
 
 def _wait_ready(
@@ -334,7 +324,7 @@ def stack_in_subprocess(
     child_env = {**os.environ, "MEMORY_DATA_DIR": str(data_dir), **(env or {})}
     child_env.pop("DATABASE_URL", None)
     log_path = data_dir / "stack.log"  # it holds the dev key, as memctl up prints it
-    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as log:
+    with _open_private(log_path, os.O_APPEND, "a") as log:
         proc = subprocess.Popen(  # noqa: S603 (our own CLI, fixed arguments)
             [
                 sys.executable,

@@ -135,16 +135,17 @@ def _forget_dead_handles(data_dir: Path) -> None:
         pids = json.loads(listed.read_text() or "[]")
     except (OSError, ValueError):
         return
-    alive = [pid for pid in pids if _alive(pid)]
+    alive = [pid for pid in pids if process_alive(pid)]
     if alive != pids:
         listed.write_text(json.dumps(alive))
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (another user's included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except PermissionError:  # alive, another user's
         return True
     return True
