@@ -16,7 +16,7 @@ from api_service import auth, devstack
 from api_service.cli_support import CliError, database, on_database
 from api_service.core.errors import ServiceError
 from api_service.core.ids import new_id
-from api_service.limits import month_start, utc_now
+from api_service.limits import PlanLimits, month_start, utc_now
 from api_service.settings import ApiSettings
 from api_service.store import admin
 from api_service.store.db import Conn
@@ -34,6 +34,14 @@ def cmd_migrate(settings: ApiSettings, args: argparse.Namespace) -> None:
     with database(settings) as url:
         applied = asyncio.run(migrate_url(url))
     print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+def cmd_recount(settings: ApiSettings, args: argparse.Namespace) -> None:
+    async def work(conn: Conn) -> None:
+        changed = await admin.recount_totals(conn)
+        print(f"recounted every organization's totals; {changed} of them had drifted")
+
+    on_database(settings, work)
 
 
 def cmd_org_create(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -57,12 +65,16 @@ def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
     async def work(conn: Conn) -> None:
-        await admin.upsert_plan(
-            conn, args.name, args.requests, args.storage_bytes, args.conversations
+        limits = PlanLimits(
+            monthly_requests=args.requests,
+            storage_bytes=args.storage_bytes,
+            conversations=args.conversations,
+            messages=args.messages,
         )
+        await admin.upsert_plan(conn, args.name, limits)
         print(
             f"plan {args.name}: {args.requests} requests/month, {args.storage_bytes} bytes, "
-            f"{args.conversations} conversations"
+            f"{args.conversations} conversations, {args.messages} messages"
         )
 
     on_database(settings, work)
@@ -93,12 +105,13 @@ def cmd_usage(settings: ApiSettings, args: argparse.Namespace) -> None:
             month_start(now),
         )
         plan = await admin.plan_of(conn, org.org_id) or settings.default_plan
-        storage, conversations = await admin.org_totals(conn, org.org_id)
+        totals = await admin.org_totals(conn, org.org_id)
         print(f"organization:  {org.name} ({org.org_id}), plan {org.plan or 'default'}")
         print(f"month:         {now:%Y-%m} (UTC)")
         print(f"requests:      {requests or 0} of {plan.monthly_requests}")
-        print(f"storage bytes: {storage} of {plan.storage_bytes}")
-        print(f"conversations: {conversations} of {plan.conversations}")
+        print(f"storage bytes: {totals.storage_bytes} of {plan.storage_bytes}")
+        print(f"conversations: {totals.conversations} of {plan.conversations}")
+        print(f"messages:      {totals.messages} of {plan.messages}")
 
     on_database(settings, work)
 
@@ -155,6 +168,17 @@ def _days(text: str) -> float:
     if not 0 < days <= MAX_KEY_DAYS:  # also refuses nan and inf
         raise argparse.ArgumentTypeError(f"give more than 0 and at most {MAX_KEY_DAYS} days")
     return days
+
+
+def _limit(text: str) -> int:
+    """A plan's limit: a whole number, 0 or more, that PostgreSQL's bigint holds."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"give 0 or more, below 2**63, not {value}")
+    return value
 
 
 def _command(
@@ -215,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
         "it at once. The API also migrates when it starts.",
     )
     mig.set_defaults(run=cmd_migrate)
+    recount = _command(
+        sub,
+        "recount",
+        "recount each organization's totals from its conversations",
+        "Sets each organization's stored bytes, conversations and messages, as its plan's "
+        "limits count them, to its conversations' sums. Run it once a rolling update that "
+        "adds a counted limit is done: the previous release's pods do not count it meanwhile. "
+        "Writes wait while it runs.",
+    )
+    recount.set_defaults(run=cmd_recount)
 
     org = _command(sub, "org", "manage organizations").add_subparsers(
         dest="org_command", required=True, metavar="ACTION"
@@ -245,16 +279,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan_create.add_argument("name", help="plan name")
     plan_create.add_argument(
-        "--requests", type=int, required=True, help="API requests per UTC month (429 past it)"
+        "--requests", type=_limit, required=True, help="API requests per UTC month (429 past it)"
     )
     plan_create.add_argument(
         "--storage-bytes",
-        type=int,
+        type=_limit,
         required=True,
         help="stored message content and metadata (402 past it)",
     )
     plan_create.add_argument(
-        "--conversations", type=int, required=True, help="conversations (402 past it)"
+        "--conversations", type=_limit, required=True, help="conversations (402 past it)"
+    )
+    plan_create.add_argument(
+        "--messages",
+        type=_limit,
+        default=PlanLimits().messages,
+        help="messages in all its conversations (402 past it; default %(default)s)",
     )
     plan_create.set_defaults(run=cmd_plan_create)
     plan_set = _command(plan, "set", "put an organization on a plan")

@@ -148,8 +148,11 @@ class GrpcSemanticIndex:
         self._embedder = embedder
         self._index = index
 
+    async def embed_query(self, query: str) -> Vectors:
+        vectors = await self._embedder.embed([query])
+        return vectors[:1]  # the one row, as a (1, dim) matrix
+
     async def nearest(
-        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+        self, org_id: str, query: Vectors, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
-        vector = (await self._embedder.embed([query]))[0]
-        return await self._index.search(org_id, vector, k, conversation_ids)
+        return await self._index.search(org_id, query, k, conversation_ids)

@@ -26,11 +26,12 @@ Clock = Callable[[], datetime]
 
 
 class PlanLimits(BaseModel):
-    """What an org may use: requests per UTC month, stored bytes, conversations."""
+    """What an org may use: requests per UTC month, stored bytes, conversations, messages."""
 
     monthly_requests: int = 1_000_000
     storage_bytes: int = 10 * 1024**3
     conversations: int = 100_000
+    messages: int = 10_000_000
 
 
 def utc_now() -> datetime:
@@ -90,6 +91,7 @@ class Meter:
         self._counts: dict[tuple[str, date], _Count] = {}
         self._loading: dict[tuple[str, date], asyncio.Future[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._flushing: asyncio.Future[None] | None = None  # the periodic flush under way
 
     def now(self) -> datetime:
         return self._clock()
@@ -176,13 +178,19 @@ class Meter:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._flushing is not None:
+            with contextlib.suppress(Exception):  # its failure leaves its counts pending
+                await self._flushing
         with contextlib.suppress(Exception):
             await self.flush()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._flush_seconds)
+            # Shielded: a write cancelled after PostgreSQL committed it would leave its counts
+            # pending, and the last flush at stop would add them a second time.
+            self._flushing = asyncio.ensure_future(self.flush())
             try:
-                await self.flush()
+                await asyncio.shield(self._flushing)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("meter flush failed (%s); counts kept for the next", type(exc).__name__)

@@ -22,7 +22,7 @@ from api_service.core.errors import (
     conversation_not_found,
 )
 from api_service.core.ids import chunk_id, new_id
-from api_service.core.ports import Indexing, SemanticIndex
+from api_service.core.ports import Indexing, QueryVector, SemanticIndex
 from api_service.core.redaction import Redactor
 from api_service.settings import Limits
 from api_service.store import admin, lexical
@@ -34,11 +34,15 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_TITLE = "Default memory"
 
-# Largest pagination offset accepted (PostgreSQL's OFFSET is a bigint; no page is that far).
+# Largest pagination offset accepted (no conversation holds that many messages).
 MAX_OFFSET = 1_000_000_000
 
 # Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
 RRF_K = 60
+# A search whose hits were mostly deleted chunks asks the index again, this many times as
+# deep, up to the index service's default largest k.
+DEEPER_SEARCH = 8
+DEEPEST_SEARCH = 1000
 # Redaction of more than this (bytes of text, and of metadata as JSON) runs on a worker thread:
 # RE2 lets go of the GIL while it matches, so the event loop serves other requests meanwhile
 # (4 MiB made to be slow takes seconds). Below it the hop would cost more than it saves
@@ -149,7 +153,10 @@ class MemoryService:
                 starts = chunking.window_starts_touching(first, count, count)
                 lines.update((first + i, (m.role, m.content)) for i, m in enumerate(items))
                 charge = _plan_charge(
-                    who, storage_bytes=added_bytes, conversations=new_conversations
+                    who,
+                    storage_bytes=added_bytes,
+                    conversations=new_conversations,
+                    messages=len(items),
                 )
                 queued = await self._write_windows(
                     conn, who, conversation_id, starts, count, lines, ahead, charge
@@ -260,7 +267,11 @@ class MemoryService:
             if freed is None:
                 raise conversation_not_found()
             await repo.enqueue_delete_job(conn, who.org_id, conversation_id)
-            await self._charge(conn, who, _plan_charge(who, storage_bytes=-freed, conversations=-1))
+            freed_bytes, freed_messages = freed
+            charge = _plan_charge(
+                who, storage_bytes=-freed_bytes, conversations=-1, messages=-freed_messages
+            )
+            await self._charge(conn, who, charge)
         if self._indexer is not None:
             self._indexer.notify()
         return {"deleted": True}
@@ -309,24 +320,41 @@ class MemoryService:
         # No connection is held while the query is embedded and the shard searched: slow
         # calls there must not take the pool from appends and reads.
         depth = 2 * limit  # over-fetch: a hit whose chunk was deleted a moment ago is dropped
+
+        async def vector_half() -> tuple[QueryVector, list[tuple[str, float]]]:
+            vector = await self._semantic.embed_query(query)
+            return vector, await self._semantic.nearest(who.org_id, vector, depth, allowed)
+
+        lexical_ids: list[str] = []
         if hybrid:  # the two rankings run side by side
-            vector_half, lexical_half = await asyncio.gather(
-                self._semantic.nearest(who.org_id, query, depth, allowed),
+            vector_part, lexical_part = await asyncio.gather(
+                vector_half(),
                 self._lexical_search(who.org_id, query, depth, allowed),
                 return_exceptions=True,
             )
-            if isinstance(vector_half, BaseException):
-                raise vector_half
-            if isinstance(lexical_half, BaseException):
-                raise lexical_half
-            ranked = _fuse(vector_half, lexical_half)
+            if isinstance(vector_part, BaseException):
+                raise vector_part
+            if isinstance(lexical_part, BaseException):
+                raise lexical_part
+            (vector, vector_hits), lexical_ids = vector_part, lexical_part
         else:
-            vector_hits = await self._semantic.nearest(who.org_id, query, depth, allowed)
-            ranked = sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
-        async with self._pool.acquire() as conn:
-            best = await _best_rows(conn, who.org_id, ranked, limit)
+            vector, vector_hits = await vector_half()
+        best = await self._best_rows(who.org_id, _ranked(vector_hits, lexical_ids, hybrid), limit)
+        if len(best) < limit and len(vector_hits) == depth and depth < DEEPEST_SEARCH:
+            # Too many hits were chunks deleted since (their conversation's vectors are removed
+            # by the outbox, behind other jobs): ask the index for more, not the embedder.
+            deeper = min(DEEPER_SEARCH * depth, DEEPEST_SEARCH)
+            vector_hits = await self._semantic.nearest(who.org_id, vector, deeper, allowed)
+            ranked = _ranked(vector_hits, lexical_ids, hybrid)
+            best = await self._best_rows(who.org_id, ranked, limit)
         results = [_result(row, score, snippet_chars) for row, score in best]
         return {"results": results, "total": len(results)}
+
+    async def _best_rows(
+        self, org_id: str, ranked: list[tuple[str, float]], limit: int
+    ) -> list[tuple[ChunkRow, float]]:
+        async with self._pool.acquire() as conn:
+            return await _best_rows(conn, org_id, ranked, limit)
 
     async def _lexical_search(
         self, org_id: str, query: str, depth: int, allowed: list[str] | None
@@ -338,15 +366,17 @@ class MemoryService:
     async def usage(self, who: Principal, requests: int, month: str) -> dict[str, Any]:
         """The org's use of its plan this month."""
         who.require("read")
-        storage, conversations = await admin.org_totals(self._pool, who.org_id)
+        totals = await admin.org_totals(self._pool, who.org_id)
         return {
             "month": month,
             "requests": requests,
             "requests_limit": who.plan.monthly_requests,
-            "storage_bytes": storage,
+            "storage_bytes": totals.storage_bytes,
             "storage_bytes_limit": who.plan.storage_bytes,
-            "conversations": conversations,
+            "conversations": totals.conversations,
             "conversations_limit": who.plan.conversations,
+            "messages": totals.messages,
+            "messages_limit": who.plan.messages,
         }
 
     async def _charge(self, conn: Conn, who: Principal, charge: Charge) -> None:
@@ -358,15 +388,24 @@ class MemoryService:
     async def _refuse(self, conn: Conn, who: Principal, charge: Charge) -> NoReturn:
         """The 402 for a write whose charge would pass a limit of the org's plan."""
         plan = who.plan
-        storage, count = await admin.org_totals(conn, who.org_id)
-        if charge.conversations > 0 and count + charge.conversations > plan.conversations:
+        totals = await admin.org_totals(conn, who.org_id)
+        if (
+            charge.conversations > 0
+            and totals.conversations + charge.conversations > plan.conversations
+        ):
             raise PaymentRequired(
                 f"Conversation limit of {plan.conversations} reached; delete conversations "
                 "or move to a larger plan"
             )
+        if charge.messages > 0 and totals.messages + charge.messages > plan.messages:
+            raise PaymentRequired(
+                f"Message limit of {plan.messages} reached ({totals.messages} stored, this "
+                f"write adds {charge.messages}); delete conversations or move to a larger plan"
+            )
         raise PaymentRequired(
-            f"Storage limit of {plan.storage_bytes} bytes reached ({storage} used, this write "
-            f"needs {charge.storage_bytes} more); delete conversations or move to a larger plan"
+            f"Storage limit of {plan.storage_bytes} bytes reached ({totals.storage_bytes} used, "
+            f"this write needs {charge.storage_bytes} more); delete conversations or move to a "
+            "larger plan"
         )
 
     @contextlib.asynccontextmanager
@@ -451,9 +490,19 @@ def _redacted(redactor: Redactor, messages: Sequence[NewMessage]) -> list[NewMes
     ]
 
 
-def _plan_charge(who: Principal, *, storage_bytes: int, conversations: int) -> Charge:
+def _plan_charge(
+    who: Principal, *, storage_bytes: int, conversations: int, messages: int = 0
+) -> Charge:
     """A write's addition to the caller's org, with the limits of its plan."""
-    return Charge(storage_bytes, conversations, who.plan.storage_bytes, who.plan.conversations)
+    plan = who.plan
+    return Charge(
+        storage_bytes,
+        conversations,
+        messages,
+        plan.storage_bytes,
+        plan.conversations,
+        plan.messages,
+    )
 
 
 def _known_shape(conversation_id: str) -> None:
@@ -466,6 +515,15 @@ def _bounds(name: str, value: int, low: int, high: int | None) -> None:
     if value < low or (high is not None and value > high):
         allowed = f"between {low} and {high}" if high is not None else f">= {low}"
         raise InvalidInput(f"{name} must be {allowed}")
+
+
+def _ranked(
+    vector_hits: list[tuple[str, float]], lexical_ids: list[str], hybrid: bool
+) -> list[tuple[str, float]]:
+    """The search's ranking: fused with the full-text one when hybrid, else by score."""
+    if hybrid:
+        return _fuse(vector_hits, lexical_ids)
+    return sorted(vector_hits, key=lambda hit: (-hit[1], hit[0]))  # ties: stable
 
 
 def _fuse(vector_hits: list[tuple[str, float]], lexical_ids: list[str]) -> list[tuple[str, float]]:

@@ -8,13 +8,20 @@ from typing import Any, Protocol
 
 from api_service.store.records import QueuedChunks
 
+# A query's embedding: made by `SemanticIndex.embed_query`, passed back to its `nearest`.
+QueryVector = Any
+
 
 class SemanticIndex(Protocol):
+    async def embed_query(self, query: str) -> QueryVector:
+        """The embedding of a search query."""
+        ...
+
     async def nearest(
-        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+        self, org_id: str, query: QueryVector, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
-        """(chunk_id, cosine score) of the org's chunks nearest to `query`, best first,
-        restricted to `conversation_ids` before ranking when given."""
+        """(chunk_id, cosine score) of the org's k chunks nearest to the embedded `query`,
+        best first, restricted to `conversation_ids` before ranking when given."""
         ...
 
 

@@ -270,9 +270,14 @@ class Redactor:
         return text, kinds
 
     def redact_value(self, value: Any) -> Any:
-        """`value` with every string inside it redacted (metadata objects)."""
+        """`value` with every string inside it redacted (metadata objects). A number that
+        holds a finding (a card number sent as a JSON number) becomes its redacted text."""
         if isinstance(value, str):
             return self.redact(value)[0]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            text = str(value)
+            redacted = self.redact(text)[0]
+            return value if redacted == text else redacted
         if isinstance(value, dict):
             return {k: self.redact_value(v) for k, v in value.items()}
         if isinstance(value, list):

@@ -71,7 +71,7 @@ def metadata(name: str, value: dict[str, Any] | None, limits: Limits) -> dict[st
         raise InvalidInput(f"{name} is nested deeper than {METADATA_MAX_DEPTH} levels")
     if not finite:
         raise InvalidInput(f"{name} holds a number JSON cannot store (NaN or infinite)")
-    encoded = json.dumps(value, ensure_ascii=False)
+    encoded = json_text(value)
     _require_unicode(name, encoded)
     if len(encoded.encode()) > limits.metadata_bytes:
         raise InvalidInput(f"{name} is larger than {limits.metadata_bytes} bytes as JSON")
@@ -103,8 +103,13 @@ def stored_bytes(*parts: str | dict[str, Any] | None) -> int:
         if isinstance(part, str):
             total += len(part.encode())
         elif part is not None:
-            total += len(json.dumps(part, ensure_ascii=False).encode())
+            total += len(json_text(part).encode())
     return total
+
+
+def json_text(value: dict[str, Any]) -> str:
+    """Metadata as the JSON its size is measured in: compact, as a client would send it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _shape(value: Any) -> tuple[int, bool]:

@@ -123,3 +123,5 @@ class Usage(BaseModel):
     storage_bytes_limit: int
     conversations: int
     conversations_limit: int
+    messages: int = Field(description="Messages in all the org's conversations")
+    messages_limit: int

@@ -1,4 +1,4 @@
-"""/api/v1/usage: the org's requests, storage and conversations against its plan."""
+"""/api/v1/usage: the org's requests, storage, conversations and messages against its plan."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ async def key_by_hash(conn: Conn | asyncpg.Pool, key_hash: bytes) -> KeyMatch | 
     row = await conn.fetchrow(
         f"""SELECT {", ".join("k." + c.strip() for c in _KEY_COLUMNS.split(","))},
                    k.key_hash, o.redact_pii, p.monthly_requests, p.storage_bytes,
-                   p.max_conversations
+                   p.max_conversations, p.max_messages
               FROM api_keys k
               JOIN orgs o USING (org_id)
               LEFT JOIN plans p ON p.name = o.plan
@@ -91,18 +91,11 @@ async def key_by_hash(conn: Conn | asyncpg.Pool, key_hash: bytes) -> KeyMatch | 
     if row is None:
         return None
     values = dict(row)
-    requests, storage, conversations = (
-        values.pop("monthly_requests"),
-        values.pop("storage_bytes"),
-        values.pop("max_conversations"),
-    )
-    plan = (
-        None
-        if requests is None
-        else PlanLimits(
-            monthly_requests=requests, storage_bytes=storage, conversations=conversations
-        )
-    )
+    limits = [
+        values.pop(column)
+        for column in ("monthly_requests", "storage_bytes", "max_conversations", "max_messages")
+    ]
+    plan = None if limits[0] is None else _plan_limits(*limits)
     return KeyMatch(
         key_hash=values.pop("key_hash"),
         redact_pii=values.pop("redact_pii"),
@@ -128,19 +121,20 @@ async def list_keys(conn: Conn, org_id: str) -> list[ApiKey]:
     return [ApiKey(**dict(r)) for r in rows]
 
 
-async def upsert_plan(
-    conn: Conn, name: str, monthly_requests: int, storage_bytes: int, conversations: int
-) -> None:
+async def upsert_plan(conn: Conn, name: str, limits: PlanLimits) -> None:
     await conn.execute(
-        """INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations)
-           VALUES ($1, $2, $3, $4)
+        """INSERT INTO plans
+               (name, monthly_requests, storage_bytes, max_conversations, max_messages)
+           VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (name) DO UPDATE SET monthly_requests = excluded.monthly_requests,
                storage_bytes = excluded.storage_bytes,
-               max_conversations = excluded.max_conversations""",
+               max_conversations = excluded.max_conversations,
+               max_messages = excluded.max_messages""",
         name,
-        monthly_requests,
-        storage_bytes,
-        conversations,
+        limits.monthly_requests,
+        limits.storage_bytes,
+        limits.conversations,
+        limits.messages,
     )
 
 
@@ -156,21 +150,67 @@ async def plan_exists(conn: Conn, name: str) -> bool:
     return bool(await conn.fetchval("SELECT 1 FROM plans WHERE name = $1", name))
 
 
-async def org_totals(conn: Conn | asyncpg.Pool, org_id: str) -> tuple[int, int]:
-    """(stored bytes, conversations) of the org."""
+@dataclass(frozen=True, slots=True)
+class OrgTotals:
+    """What an org holds, as its plan's limits count it."""
+
+    storage_bytes: int = 0
+    conversations: int = 0
+    messages: int = 0
+
+
+async def org_totals(conn: Conn | asyncpg.Pool, org_id: str) -> OrgTotals:
     row = await conn.fetchrow(
-        "SELECT storage_bytes, conversation_count FROM orgs WHERE org_id = $1", org_id
+        "SELECT storage_bytes, conversation_count, message_count FROM orgs WHERE org_id = $1",
+        org_id,
     )
-    return (0, 0) if row is None else (int(row[0]), int(row[1]))
+    return OrgTotals() if row is None else OrgTotals(*(int(value) for value in row))
 
 
 async def plan_of(conn: Conn, org_id: str) -> PlanLimits | None:
     """The org's plan, or None when it has none (the configured default applies)."""
     row = await conn.fetchrow(
-        """SELECT p.monthly_requests, p.storage_bytes, p.max_conversations
+        """SELECT p.monthly_requests, p.storage_bytes, p.max_conversations, p.max_messages
              FROM orgs o JOIN plans p ON p.name = o.plan WHERE o.org_id = $1""",
         org_id,
     )
-    if row is None:
-        return None
-    return PlanLimits(monthly_requests=row[0], storage_bytes=row[1], conversations=row[2])
+    return None if row is None else _plan_limits(*row)
+
+
+def _plan_limits(requests: int, storage: int, conversations: int, messages: int) -> PlanLimits:
+    return PlanLimits(
+        monthly_requests=requests,
+        storage_bytes=storage,
+        conversations=conversations,
+        messages=messages,
+    )
+
+
+async def recount_totals(conn: Conn) -> int:
+    """Set every org's totals to its conversations' sums; the number of orgs that changed.
+
+    A write charges its org last in its transaction. Holding writers off the org rows until
+    this commits makes the sums count every write that has charged its org, and a write
+    still under way adds its own after them; without the lock, a write that committed while
+    the recount waited on its org row would be left out (its snapshot predates the write)."""
+    async with conn.transaction():
+        await conn.execute("LOCK TABLE orgs IN SHARE ROW EXCLUSIVE MODE")
+        changed: int = await conn.fetchval(
+            """WITH sums AS (
+                   SELECT o.org_id, coalesce(sum(c.storage_bytes), 0) AS bytes,
+                          count(c.conversation_id) AS conversations,
+                          coalesce(sum(c.message_count), 0) AS messages
+                     FROM orgs o LEFT JOIN conversations c USING (org_id)
+                    GROUP BY o.org_id),
+               updated AS (
+                   UPDATE orgs o
+                      SET storage_bytes = s.bytes, conversation_count = s.conversations,
+                          message_count = s.messages
+                     FROM sums s
+                    WHERE s.org_id = o.org_id
+                      AND (o.storage_bytes, o.conversation_count, o.message_count)
+                          IS DISTINCT FROM (s.bytes, s.conversations, s.messages)
+                   RETURNING 1)
+               SELECT count(*) FROM updated"""
+        )
+    return changed

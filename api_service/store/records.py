@@ -57,15 +57,19 @@ class Charge:
 
     storage_bytes: int
     conversations: int
+    messages: int
     max_storage_bytes: int
     max_conversations: int
+    max_messages: int
 
-    def params(self) -> tuple[int, int, int, int]:
+    def params(self) -> tuple[int, int, int, int, int, int]:
         return (
             self.storage_bytes,
             self.conversations,
+            self.messages,
             self.max_storage_bytes,
             self.max_conversations,
+            self.max_messages,
         )
 
 

@@ -69,22 +69,25 @@ async def default_conversation_id(
 ) -> tuple[str, bool]:
     """The org's default memory, created on first use; True when created now. It is created
     with a size of 0: the append that creates it adds its title's bytes with its messages'."""
-    created = await conn.fetchval(
-        """INSERT INTO conversations
-               (org_id, conversation_id, title, metadata, is_default, storage_bytes)
-           VALUES ($1, $2, $3, '{"default": true}'::jsonb, true, 0)
-           ON CONFLICT (org_id) WHERE is_default DO NOTHING
-           RETURNING conversation_id""",
-        org_id,
-        new_id,
-        title,
-    )
-    if created is not None:
-        return str(created), True
-    found: str = await conn.fetchval(
-        "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
-    )
-    return found, False
+    while True:
+        created = await conn.fetchval(
+            """INSERT INTO conversations
+                   (org_id, conversation_id, title, metadata, is_default, storage_bytes)
+               VALUES ($1, $2, $3, '{"default": true}'::jsonb, true, 0)
+               ON CONFLICT (org_id) WHERE is_default DO NOTHING
+               RETURNING conversation_id""",
+            org_id,
+            new_id,
+            title,
+        )
+        if created is not None:
+            return str(created), True
+        found = await conn.fetchval(
+            "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
+        )
+        if found is not None:
+            return str(found), False
+        # The memory the INSERT met was deleted before this read: create it again.
 
 
 async def get_conversation(conn: Conn, org_id: str, conversation_id: str) -> Conversation | None:
@@ -124,29 +127,35 @@ async def list_conversations(
     return [_conversation(r) for r in rows], total
 
 
-async def delete_conversation(conn: Conn, org_id: str, conversation_id: str) -> int | None:
+async def delete_conversation(
+    conn: Conn, org_id: str, conversation_id: str
+) -> tuple[int, int] | None:
     """Delete the conversation (messages and chunks go with it, ON DELETE CASCADE); return the
-    bytes it held, or None if there was no such conversation."""
-    freed: int | None = await conn.fetchval(
+    bytes and messages it held, or None if there was no such conversation."""
+    row = await conn.fetchrow(
         "DELETE FROM conversations WHERE org_id = $1 AND conversation_id = $2 "
-        "RETURNING storage_bytes",
+        "RETURNING storage_bytes, message_count",
         org_id,
         conversation_id,
     )
-    return freed
+    return None if row is None else (int(row[0]), int(row[1]))
 
 
 def _charge_sql(first: int) -> str:
     """The UPDATE that adds a Charge to org $1 unless a growing total would pass its limit;
-    the Charge's parameters are ${first}..${first + 3}, in Charge.params order. It holds the
+    the Charge's parameters are ${first}..${first + 5}, in Charge.params order. It holds the
     org row's lock until commit: run it last in a write's transaction."""
-    added, conversations, max_bytes, max_conversations = (f"${first + i}" for i in range(4))
+    added, conversations, messages, max_bytes, max_conversations, max_messages = (
+        f"${first + i}" for i in range(6)
+    )
     return f"""UPDATE orgs SET storage_bytes = storage_bytes + {added},
-                               conversation_count = conversation_count + {conversations}
+                               conversation_count = conversation_count + {conversations},
+                               message_count = message_count + {messages}
                 WHERE org_id = $1
                   AND ({added} <= 0 OR storage_bytes + {added} <= {max_bytes})
                   AND ({conversations} <= 0
                        OR conversation_count + {conversations} <= {max_conversations})
+                  AND ({messages} <= 0 OR message_count + {messages} <= {max_messages})
             RETURNING org_id"""
 
 
@@ -253,17 +262,19 @@ def _message_values(message_ids: Sequence[str], messages: Sequence[NewMessage]) 
     ]
 
 
+# A page of $3 messages after the first $4. Sequences run 1..message_count without gaps, so
+# the page starts right after sequence $4, found in the primary key: OFFSET would read every
+# message it skips.
+_MESSAGE_PAGE = f"""
+    SELECT {_MESSAGE_COLUMNS} FROM messages
+     WHERE org_id = $1 AND conversation_id = $2 AND sequence > $4
+     ORDER BY sequence LIMIT $3"""
+
+
 async def get_messages(
     conn: Conn, org_id: str, conversation_id: str, *, limit: int, offset: int
 ) -> list[Message]:
-    rows = await conn.fetch(
-        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE org_id = $1 AND conversation_id = $2 "
-        "ORDER BY sequence LIMIT $3 OFFSET $4",
-        org_id,
-        conversation_id,
-        limit,
-        offset,
-    )
+    rows = await conn.fetch(_MESSAGE_PAGE, org_id, conversation_id, limit, offset)
     return [_message(r) for r in rows]
 
 
@@ -350,7 +361,7 @@ _CAPPED_FULL_TEXT_CHARS = 64_000
 
 
 # Inserts or rebuilds the windows of conversation $2 ($3-$6: unnest's arrays), queues them for
-# indexing ($7: seconds leased to the caller) and charges the org ($8-$11); see upsert_chunks.
+# indexing ($7: seconds leased to the caller) and charges the org ($8-$13); see upsert_chunks.
 _UPSERT_CHUNKS = f"""
     WITH written AS (
         INSERT INTO chunks (org_id, conversation_id, start_sequence, chunk_id,

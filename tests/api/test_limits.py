@@ -1,5 +1,5 @@
-"""Plans and the meter on both interfaces: 429 past the monthly quota, 402 past storage or
-conversation limits with nothing stored, and the usage the org can see."""
+"""Plans and the meter on both interfaces: 429 past the monthly quota, 402 past storage,
+conversation or message limits with nothing stored, and the usage the org can see."""
 
 from __future__ import annotations
 
@@ -12,18 +12,26 @@ from tests.api.harness import Service
 
 
 async def _set_plan(
-    service: Service, org_id: str, *, requests: int = 1000, storage: int = 10**9, convs: int = 100
+    service: Service,
+    org_id: str,
+    *,
+    requests: int = 1000,
+    storage: int = 10**9,
+    convs: int = 100,
+    messages: int = 10**6,
 ) -> None:
     conn = await asyncpg.connect(service.database_url)
     try:
         name = f"plan_{org_id}"
         await conn.execute(
-            "INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations) "
-            "VALUES ($1, $2, $3, $4)",
+            "INSERT INTO plans "
+            "(name, monthly_requests, storage_bytes, max_conversations, max_messages) "
+            "VALUES ($1, $2, $3, $4, $5)",
             name,
             requests,
             storage,
             convs,
+            messages,
         )
         await conn.execute("UPDATE orgs SET plan = $2 WHERE org_id = $1", org_id, name)
     finally:
@@ -165,6 +173,7 @@ async def test_conversation_limit_and_usage(service: Service) -> None:
         usage = (await http.get("/api/v1/usage")).json()
     assert usage["conversations"] == 2 and usage["conversations_limit"] == 2
     assert usage["requests_limit"] == 500 and usage["storage_bytes_limit"] == 10**9
+    assert usage["messages"] == 0 and usage["messages_limit"] == 10**6
     assert usage["month"] == datetime.now(UTC).strftime("%Y-%m")
     assert usage["requests"] >= 9  # every request so far counted, refused ones too
     assert set(usage) == {
@@ -175,7 +184,46 @@ async def test_conversation_limit_and_usage(service: Service) -> None:
         "storage_bytes_limit",
         "conversations",
         "conversations_limit",
+        "messages",
+        "messages_limit",
     }
+
+
+async def test_message_limit_counts_empty_messages(service: Service) -> None:
+    """Messages count whatever their size: empty ones store no bytes, but each costs a row,
+    a share of a window and its vector. A delete gives its messages back."""
+    org_id, key = await service.org_with_key()
+    await _set_plan(service, org_id, messages=5)
+    empty = {"role": "assistant", "content": ""}
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        r = await http.post(
+            "/api/v1/messages", json={"conversation_id": cid, "messages": [empty] * 4}
+        )
+        assert r.status_code == 200, r.text
+        r = await http.post(
+            "/api/v1/messages", json={"conversation_id": cid, "messages": [empty] * 2}
+        )
+        assert r.status_code == 402
+        assert r.json()["error"] == (
+            "Message limit of 5 reached (4 stored, this write adds 2); delete conversations "
+            "or move to a larger plan"
+        )
+        assert (
+            await mcp.error("append_messages", conversation_id=cid, messages=[empty] * 2)
+            == r.json()["error"]
+        )
+        r = await http.post("/api/v1/messages", json={"conversation_id": cid, "messages": [empty]})
+        assert r.status_code == 200, r.text
+        usage = (await http.get("/api/v1/usage")).json()
+        assert (usage["messages"], usage["messages_limit"], usage["storage_bytes"]) == (5, 5, 0)
+        got = (await http.get(f"/api/v1/conversations/{cid}")).json()
+        assert len(got["messages"]) == 5  # the refused appends stored nothing
+
+        assert (await http.delete(f"/api/v1/conversations/{cid}")).status_code == 200
+        assert (await http.get("/api/v1/usage")).json()["messages"] == 0
+        r = await http.post("/api/v1/messages", json={"messages": [empty] * 5})
+        assert r.status_code == 200, r.text
 
 
 async def test_every_refused_request_counts(service: Service) -> None:

@@ -140,6 +140,8 @@ def test_plans_and_usage(database_url: str) -> None:
         "5000",
         "--conversations",
         "3",
+        "--messages",
+        "40",
     )
     assert made.returncode == 0, made.stderr
     moved = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "small")
@@ -148,8 +150,37 @@ def test_plans_and_usage(database_url: str) -> None:
     assert "requests:      0 of 100" in usage.stdout
     assert "storage bytes: 0 of 5000" in usage.stdout
     assert "conversations: 0 of 3" in usage.stdout
+    assert "messages:      0 of 40" in usage.stdout
+    negative = memctl(
+        database_url, "plan", "create", "bad", "--requests", "-1", "--storage-bytes", "1",
+        "--conversations", "1",
+    )  # fmt: skip
+    assert negative.returncode == 2 and "give 0 or more" in negative.stderr
     missing = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "nope")
     assert missing.returncode == 1 and "memctl plan create nope" in missing.stderr
+
+
+async def test_recount_sets_each_org_s_totals_to_its_conversations(database_url: str) -> None:
+    pool = await create_pool(database_url, 1, 1)
+    try:
+        await pool.execute(
+            """INSERT INTO orgs (org_id, name, storage_bytes, conversation_count, message_count)
+               VALUES ('org_drifted', 'drifted', 3, 9, -2), ('org_right', 'right', 0, 0, 0)"""
+        )
+        await pool.execute(
+            """INSERT INTO conversations (org_id, conversation_id, storage_bytes, message_count)
+               VALUES ('org_drifted', 'conv_1', 10, 2), ('org_drifted', 'conv_2', 5, 6)"""
+        )
+        recounted = memctl(database_url, "recount")
+        assert recounted.returncode == 0, recounted.stderr
+        assert "1 of them had drifted" in recounted.stdout
+        totals = await pool.fetch(
+            "SELECT org_id, storage_bytes, conversation_count, message_count FROM orgs "
+            "WHERE org_id IN ('org_drifted', 'org_right') ORDER BY org_id"
+        )
+        assert [tuple(row) for row in totals] == [("org_drifted", 15, 2, 8), ("org_right", 0, 0, 0)]
+    finally:
+        await pool.close()
 
 
 def test_the_dev_key_is_kept_private_and_replaced_once_revoked(

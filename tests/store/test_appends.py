@@ -14,6 +14,7 @@ import pytest
 from api_service.store import admin
 from api_service.store import repository as repo
 from api_service.store.records import NewMessage
+from tests.store.locks import waits_for_a_lock
 
 LINES_BEFORE = 4
 
@@ -69,17 +70,6 @@ async def writers(database_url: str) -> AsyncIterator[tuple[Writer, Writer]]:
         await second.close()
 
 
-async def _waits_for_a_lock(observer: asyncpg.Connection, pid: int) -> None:
-    for _ in range(500):
-        waiting = await observer.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
-        )
-        if waiting:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the append never waited for the row lock")
-
-
 async def test_an_append_takes_one_statement_and_reads_the_lines_its_windows_need(
     writers: tuple[Writer, Writer],
 ) -> None:
@@ -106,7 +96,7 @@ async def test_an_append_that_waited_for_another_reads_its_messages(
         theirs.conn, theirs.org_id, "conv_a", ["msg_x"], [NewMessage("user", "x")], 1, 4
     ) == (7, {s: ("user", str(s)) for s in range(3, 7)})
     waiting = asyncio.create_task(ours.append("8"))
-    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
     await other.commit()
     assert await asyncio.wait_for(waiting, 10) == (
         8,
@@ -131,7 +121,7 @@ async def test_an_append_that_waited_for_an_edit_reads_the_new_content(
     assert (edited[0].content, edited[1]) == ("five, edited", len("five, edited") - len("5"))
     await repo.touch_conversation(theirs.conn, theirs.org_id, "conv_a", edited[1])
     waiting = asyncio.create_task(ours.append("7"))
-    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
     await edit.commit()
     count, lines = await asyncio.wait_for(waiting, 10) or (0, {})
     assert (count, lines[5]) == (7, ("user", "five, edited"))
@@ -148,7 +138,7 @@ async def test_an_append_that_waited_for_a_lock_taken_in_vain_takes_one_statemen
     await edit.start()
     await repo.lock_conversation(theirs.conn, theirs.org_id, "conv_a")
     waiting = asyncio.create_task(ours.append("7"))
-    await _waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
+    await waits_for_a_lock(theirs.conn, ours.conn.get_server_pid())
     await edit.rollback()
     assert await asyncio.wait_for(waiting, 10) == (7, {s: ("user", str(s)) for s in range(3, 7)})
     assert ours.statements == 1
@@ -178,7 +168,7 @@ async def _messages_scans(conn: asyncpg.Connection, name: str, sql: str) -> list
     return list(scans(plan["Plan"]))
 
 
-async def test_writes_read_messages_by_key_on_a_table_never_analyzed(
+async def test_statements_read_messages_by_key_on_a_table_never_analyzed(
     database_url: str,
 ) -> None:
     """Writes run on generic plans, which a connection keeps until the table is analyzed: on a
@@ -186,7 +176,9 @@ async def test_writes_read_messages_by_key_on_a_table_never_analyzed(
     read of messages goes to its rows by key: by sequence in the primary key, or by id in
     messages_id. The index on message ids once led with the org, and these plans read every
     message of the org through it at every append (0014); an edit once joined messages to
-    itself, planned as a loop that read the conversation once for each of its messages."""
+    itself, planned as a loop that read the conversation once for each of its messages. A page
+    of messages starts at its first sequence in the key: by OFFSET it read every message
+    before the page."""
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -195,6 +187,7 @@ async def test_writes_read_messages_by_key_on_a_table_never_analyzed(
             "insert_and_read": repo._INSERT_AND_READ,
             "upsert_chunks": repo._UPSERT_CHUNKS,
             "replace_content": repo._REPLACE_CONTENT,
+            "message_page": repo._MESSAGE_PAGE,
         }
         keys = {"messages_pkey": "sequence", "messages_id": "message_id"}
         for name, sql in statements.items():
@@ -206,3 +199,40 @@ async def test_writes_read_messages_by_key_on_a_table_never_analyzed(
                 assert keys[index] in scan["Index Cond"], (name, scan)
     finally:
         await conn.close()
+
+
+class _DeletesAfterInsert:
+    """A connection on which the default memory is deleted, by `other`, just after the
+    first INSERT: between its INSERT, which met the memory, and the read of its id."""
+
+    def __init__(self, conn: asyncpg.Connection, other: asyncpg.Connection) -> None:
+        self._conn = conn
+        self._other = other
+        self.deleted = False
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        value = await self._conn.fetchval(sql, *args)
+        if sql.lstrip().startswith("INSERT") and not self.deleted:
+            self.deleted = True
+            await self._other.execute("DELETE FROM conversations WHERE is_default")
+        return value
+
+
+async def test_the_default_memory_deleted_while_it_is_found_is_made_again(
+    database_url: str,
+) -> None:
+    conn, other = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        org = await admin.create_org(conn, "org_default", "default", None)
+        assert await repo.default_conversation_id(conn, org.org_id, "conv_first", "Memory") == (
+            "conv_first",
+            True,
+        )
+        racing = _DeletesAfterInsert(conn, other)
+        found = await repo.default_conversation_id(racing, org.org_id, "conv_second", "Memory")  # type: ignore[arg-type]
+        assert racing.deleted
+        assert found == ("conv_second", True)
+        assert await conn.fetchval("SELECT conversation_id FROM conversations") == "conv_second"
+    finally:
+        await conn.close()
+        await other.close()

@@ -20,7 +20,14 @@ from api_service.store.db import create_pool, write_transaction
 from api_service.store.records import Charge, ChunkRow, NewMessage
 
 WHO = Principal("org_plans", "key_plans", frozenset({"read", "write"}))
-FREE = Charge(storage_bytes=0, conversations=0, max_storage_bytes=0, max_conversations=0)
+FREE = Charge(
+    storage_bytes=0,
+    conversations=0,
+    messages=0,
+    max_storage_bytes=0,
+    max_conversations=0,
+    max_messages=0,
+)
 
 
 def _window(conversation_id: str, text: str) -> ChunkRow:

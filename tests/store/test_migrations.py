@@ -1,8 +1,11 @@
+import asyncio
+
 import asyncpg
 import numpy as np
 import pytest
 
 from api_service.store.migrate import migrate, migration_files
+from tests.store.locks import waits_for_a_lock
 
 
 async def test_migrations_apply_once_and_name_every_file(database_url: str) -> None:
@@ -101,11 +104,71 @@ async def test_0018_gives_a_default_memory_its_size(empty_database_url: str) -> 
                       ('org_b', 'conv_kept', NULL, false, 9)"""
         )
 
-        assert await migrate(conn) == ["0018_default_memory_size.sql"]
+        assert await migrate(conn, through="0018_default_memory_size.sql") == [
+            "0018_default_memory_size.sql"
+        ]
 
         sizes = dict(await conn.fetch("SELECT conversation_id, storage_bytes FROM conversations"))
         assert sizes == {"conv_default": 14 + 5, "conv_titled": 14 + 7, "conv_kept": 9}
         totals = dict(await conn.fetch("SELECT org_id, storage_bytes FROM orgs"))
         assert totals == {"org_a": 14 + 5 + 14 + 7, "org_b": 9, "org_c": 0}
+    finally:
+        await conn.close()
+
+
+async def test_0018_counts_a_write_that_commits_while_it_waits(empty_database_url: str) -> None:
+    """A write under way when 0018 runs, its org already charged: the recount waits for it
+    and counts its bytes. Before the recount locked the org rows, it waited on the written
+    org's row with a snapshot taken before the write committed, and left the write out."""
+    conn, writer = await asyncio.gather(
+        asyncpg.connect(empty_database_url), asyncpg.connect(empty_database_url)
+    )
+    try:
+        await migrate(conn, through="0017_lexical_one_ranking.sql")
+        await conn.execute(
+            "INSERT INTO orgs (org_id, name, storage_bytes) VALUES ('org_a', 'a', 5)"
+        )
+        await conn.execute(
+            """INSERT INTO conversations (org_id, conversation_id, title, storage_bytes)
+               VALUES ('org_a', 'conv_a', NULL, 5)"""
+        )
+        write = writer.transaction()
+        await write.start()
+        await writer.execute(  # an append: its conversation, then its org, last
+            "UPDATE conversations SET storage_bytes = storage_bytes + 7 WHERE org_id = 'org_a'"
+        )
+        await writer.execute("UPDATE orgs SET storage_bytes = storage_bytes + 7")
+
+        migrating = asyncio.ensure_future(migrate(conn, through="0018_default_memory_size.sql"))
+        await waits_for_a_lock(writer, conn.get_server_pid())
+        await write.commit()
+        assert await migrating == ["0018_default_memory_size.sql"]
+
+        assert await conn.fetchval("SELECT storage_bytes FROM orgs") == 5 + 7
+    finally:
+        await asyncio.gather(conn.close(), writer.close())
+
+
+async def test_0019_counts_each_org_s_messages(empty_database_url: str) -> None:
+    """Orgs start with the messages their conversations hold; plans made before 0019 get the
+    default message limit."""
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate(conn, through="0018_default_memory_size.sql")
+        await conn.execute(
+            """INSERT INTO plans (name, monthly_requests, storage_bytes, max_conversations)
+               VALUES ('team', 10, 10, 10)"""
+        )
+        await conn.execute("INSERT INTO orgs (org_id, name) VALUES ('org_a', 'a'), ('org_b', 'b')")
+        await conn.execute(
+            """INSERT INTO conversations (org_id, conversation_id, message_count)
+               VALUES ('org_a', 'conv_1', 3), ('org_a', 'conv_2', 4)"""
+        )
+
+        assert await migrate(conn) == ["0019_message_limit.sql"]
+
+        counts = dict(await conn.fetch("SELECT org_id, message_count FROM orgs"))
+        assert counts == {"org_a": 7, "org_b": 0}
+        assert await conn.fetchval("SELECT max_messages FROM plans") == 10_000_000
     finally:
         await conn.close()

@@ -23,21 +23,28 @@ from api_service.store.records import NewMessage
 WHO = Principal("org_a", "key_a", frozenset({"read", "write"}))
 
 
-class NoVectorHits:
+class FakeIndex:
+    """Embeds a query as its own text."""
+
+    async def embed_query(self, query: str) -> str:
+        return query
+
+
+class NoVectorHits(FakeIndex):
     async def nearest(
         self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
         return []
 
 
-class VectorHalfDown:
+class VectorHalfDown(FakeIndex):
     async def nearest(
         self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
     ) -> list[tuple[str, float]]:
         raise ConnectionError("index shard down")
 
 
-class SlowIndex:
+class SlowIndex(FakeIndex):
     """Answers every chunk of the org once `answer` is set; `asked` is set while it waits."""
 
     def __init__(self, chunk_ids: list[str]) -> None:
@@ -50,6 +57,26 @@ class SlowIndex:
         self.asked.set()
         await self.answer.wait()
         return [(chunk_id, 0.5) for chunk_id in self.chunk_ids]
+
+
+class StaleFirst(FakeIndex):
+    """Ranks `stale` chunk ids (deleted from PostgreSQL, still in the index) above `live`
+    ones, and records the depths it was asked for."""
+
+    def __init__(self, stale: list[str], live: list[str]) -> None:
+        self.ranking = stale + live
+        self.depths: list[int] = []
+        self.embedded = 0
+
+    async def embed_query(self, query: str) -> str:
+        self.embedded += 1
+        return query
+
+    async def nearest(
+        self, org_id: str, query: str, k: int, conversation_ids: Sequence[str] | None
+    ) -> list[tuple[str, float]]:
+        self.depths.append(k)
+        return [(cid, 1.0 - i / 1000) for i, cid in enumerate(self.ranking[:k])]
 
 
 @contextlib.asynccontextmanager
@@ -122,3 +149,22 @@ async def test_a_search_holds_no_connection_while_the_index_answers(
             index.answer.set()  # the search ends, and gives back what it holds, either way
         found = await asyncio.wait_for(searching, 5)
         assert [r["chunk_text"] for r in found["results"]] == ["[user]: sailing boats at dawn"]
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+async def test_hits_deleted_since_do_not_leave_a_search_short(
+    database_url: str, hybrid: bool
+) -> None:
+    """A conversation is deleted while the index still holds its vectors (their removal
+    waits in the outbox): a search whose first hits are all its chunks asks the index again,
+    deeper, with the same embedding, and answers with the chunks that remain."""
+    async with memory_of_org_a(database_url, NoVectorHits(), 2) as (memory, pool):
+        kept = (await memory.create_conversation(WHO))["conversation_id"]
+        await memory.append_messages(WHO, kept, [NewMessage("user", "kept about paris")])
+        live = [await pool.fetchval("SELECT chunk_id FROM chunks")]
+        stale = [f"chk_gone_{i}" for i in range(30)]  # no rows: their conversation is gone
+        index = StaleFirst(stale, live)
+        deeper = MemoryService(pool, Limits(), index)
+        found = await deeper.search(WHO, "paris", limit=3, hybrid=hybrid)
+        assert [r["chunk_text"] for r in found["results"]] == ["[user]: kept about paris"]
+        assert index.depths == [6, 48] and index.embedded == 1

@@ -4,6 +4,7 @@ counts that survive a restart."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
 from typing import Any
@@ -94,6 +95,36 @@ async def test_a_request_counted_as_the_month_turns_is_kept(pool: asyncpg.Pool) 
     await meter.flush()
     rows = dict(await pool.fetch("SELECT month, requests FROM usage WHERE org_id = 'org_m'"))
     assert rows == {date(2026, 11, 1): 1, date(2026, 12, 1): 1}
+
+
+class SlowAnswers:
+    """The pool, but each write's answer comes `delay` seconds after PostgreSQL committed it."""
+
+    def __init__(self, pool: asyncpg.Pool, delay: float) -> None:
+        self.pool, self.delay = pool, delay
+        self.written = asyncio.Event()
+
+    async def fetchval(self, *args: Any) -> Any:
+        return await self.pool.fetchval(*args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        rows = await self.pool.fetch(query, *args)
+        if query.lstrip().startswith("INSERT"):
+            self.written.set()
+            await asyncio.sleep(self.delay)
+        return rows
+
+
+async def test_stopping_during_a_flush_counts_each_request_once(pool: asyncpg.Pool) -> None:
+    """Stop comes while the periodic flush's write is committed but not yet answered."""
+    slow = SlowAnswers(pool, delay=0.2)
+    meter = Meter(slow, flush_seconds=0.01)  # type: ignore[arg-type]
+    for _ in range(3):
+        await meter.admit("org_m", 10)
+    meter.start()
+    await asyncio.wait_for(slow.written.wait(), 10)
+    await meter.stop()
+    assert await pool.fetchval("SELECT requests FROM usage WHERE org_id = 'org_m'") == 3
 
 
 def test_next_month_start_wraps_the_year() -> None:

@@ -130,6 +130,18 @@ def test_metadata_values_are_redacted_recursively() -> None:
     }
 
 
+def test_numbers_in_metadata_are_redacted_when_they_hold_a_finding() -> None:
+    value = {"card": 4111111111111111, "order": 4111111111111112, "score": 0.5, "ok": True}
+    assert Redactor().redact_value(value) == {
+        "card": "[REDACTED:card_number]",
+        "order": 4111111111111112,  # not Luhn-valid: a number like any other
+        "score": 0.5,
+        "ok": True,
+    }
+    assert Redactor().redact_value([14155550134]) == [14155550134]  # PII is off by default
+    assert Redactor(pii=True).redact_value([14155550134]) == ["[REDACTED:phone]"]
+
+
 def test_luhn() -> None:
     assert luhn_valid("4111111111111111")
     assert not luhn_valid("4111111111111112")

@@ -26,3 +26,15 @@ def test_metadata_with_a_nul_is_refused(text: str | dict[str, int]) -> None:
 def test_metadata_may_hold_the_text_of_a_nul_escape(text: str) -> None:
     """A backslash followed by u0000 is six characters of text, not a NUL."""
     assert validation.metadata("metadata", {text: text}, Limits()) == {text: text}
+
+
+def test_metadata_is_measured_as_compact_json() -> None:
+    """16 KiB as a client sends it: no spaces after the separators, which JSON does not need
+    and a client's encoder may leave out."""
+    limit = Limits().metadata_bytes
+    at_limit = {"a": "x" * (limit - len('{"a":""}'))}
+    assert len(validation.json_text(at_limit).encode()) == limit
+    assert validation.metadata("metadata", at_limit, Limits()) == at_limit
+    with pytest.raises(InvalidInput, match=f"larger than {limit} bytes"):
+        validation.metadata("metadata", {"a": at_limit["a"] + "x"}, Limits())
+    assert validation.stored_bytes("ab", {"k": [1, 2]}) == len("ab") + len('{"k":[1,2]}')
