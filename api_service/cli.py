@@ -65,16 +65,17 @@ def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
     async def work(conn: Conn) -> None:
-        limits = PlanLimits(
+        plan = await admin.upsert_plan(
+            conn,
+            args.name,
             monthly_requests=args.requests,
             storage_bytes=args.storage_bytes,
             conversations=args.conversations,
             messages=args.messages,
         )
-        await admin.upsert_plan(conn, args.name, limits)
         print(
-            f"plan {args.name}: {args.requests} requests/month, {args.storage_bytes} bytes, "
-            f"{args.conversations} conversations, {args.messages} messages"
+            f"plan {args.name}: {plan.monthly_requests} requests/month, {plan.storage_bytes} "
+            f"bytes, {plan.conversations} conversations, {plan.messages} messages"
         )
 
     on_database(settings, work)
@@ -293,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan_create.add_argument(
         "--messages",
         type=_limit,
-        default=PlanLimits().messages,
-        help="messages in all its conversations (402 past it; default %(default)s)",
+        help="messages in all its conversations (402 past it; a new plan gets "
+        f"{PlanLimits().messages}, an existing one keeps its own)",
     )
     plan_create.set_defaults(run=cmd_plan_create)
     plan_set = _command(plan, "set", "put an organization on a plan")

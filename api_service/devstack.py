@@ -91,6 +91,7 @@ def _wait_ready(
     deadline = time.monotonic() + timeout
     print(f"  waiting for {name} ", end="", flush=True)
     while time.monotonic() < deadline:
+        _raise_if_stopped()
         for p in procs:
             if p.poll() is not None:
                 raise CliError(f"{name}: a service exited with status {p.returncode}; see above")
@@ -129,14 +130,28 @@ def _http_ready(url: str) -> Callable[[], bool]:
     return check
 
 
+# Set by the first stopping signal. Its KeyboardInterrupt can be lost: Python ignores an
+# exception raised in an at-fork callback, where the handler runs when the signal lands while
+# a service is being forked; the start checks this flag between its steps.
+_stop_requested = False
+
+
 def _stop_on_signal(signum: int, _: Any) -> None:
-    """SIGTERM or SIGHUP (the terminal closed) before the services run, or SIGHUP after:
-    unwind as Ctrl-C does, so the services and the embedded PostgreSQL are stopped too."""
+    """Ctrl-C, SIGTERM or SIGHUP (the terminal closed) before the services run, or SIGHUP
+    after: unwind, so the services and the embedded PostgreSQL are stopped too."""
+    global _stop_requested
+    _stop_requested = True
     raise KeyboardInterrupt
 
 
+def _raise_if_stopped() -> None:
+    """Unwind if a stopping signal came whose KeyboardInterrupt was lost."""
+    if _stop_requested:
+        raise KeyboardInterrupt
+
+
 def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _stop_on_signal)
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
@@ -174,6 +189,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             for module in ("embed_service", "index_service"):
                 print(f"  starting {module}")
                 procs.append(_service(module, env))
+                _raise_if_stopped()
             _wait_ready(
                 "embed_service (loads the model)",
                 _grpc_ready(embed_address, "embed"),
@@ -183,7 +199,9 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
             print("  starting api_service")
             procs.append(_service("api_service", env))
+            _raise_if_stopped()
             _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
+            _raise_if_stopped()
             _print_welcome(base_url, key, created, data_dir)
             exited = _supervise(procs)
         finally:
@@ -250,7 +268,7 @@ def _supervise(procs: list[subprocess.Popen[bytes]]) -> str | None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (nohup, &)
     try:
-        while not stop:
+        while not stop and not _stop_requested:
             for p in procs:
                 if p.poll() is not None:
                     exited = f"{_module(p)} exited with status {p.returncode}"

@@ -194,3 +194,5 @@ class Meter:
                 await asyncio.shield(self._flushing)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 log.warning("meter flush failed (%s); counts kept for the next", type(exc).__name__)
+            except Exception:  # a bug must not end the flushes unseen, nor fail the shutdown
+                log.exception("meter flush failed; counts kept for the next")

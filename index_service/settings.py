@@ -34,7 +34,12 @@ class IndexSettings(BaseSettings):
         le=1.0,
         description="Recall@10 against exact search that each IVF index is calibrated to.",
     )
-    max_k: int = Field(default=1000, ge=1, description="Largest k a search may ask for.")
+    max_k: int = Field(
+        default=1000,
+        ge=800,
+        description="Largest k a search may ask for; at least 800, the most the API asks for "
+        "(a search of 50 results whose first hits were deleted since).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto",
         description="cpu, or auto (CPU; GPU indexes are not supported, cuda is refused).",

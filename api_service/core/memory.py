@@ -40,9 +40,10 @@ MAX_OFFSET = 1_000_000_000
 # Reciprocal rank fusion constant (Cormack et al.); dampens the weight of top ranks.
 RRF_K = 60
 # A search whose hits were mostly deleted chunks asks the index again, this many times as
-# deep, up to the index service's default largest k.
+# deep: at most 800 hits (50 results, over-fetched twice), which the index service's largest
+# k (INDEX_MAX_K) must allow.
 DEEPER_SEARCH = 8
-DEEPEST_SEARCH = 1000
+DEEPEST_SEARCH = 800
 # Redaction of more than this (bytes of text, and of metadata as JSON) runs on a worker thread:
 # RE2 lets go of the GIL while it matches, so the event loop serves other requests meanwhile
 # (4 MiB made to be slow takes seconds). Below it the hop would cost more than it saves

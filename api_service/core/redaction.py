@@ -270,13 +270,14 @@ class Redactor:
         return text, kinds
 
     def redact_value(self, value: Any) -> Any:
-        """`value` with every string inside it redacted (metadata objects). A number that
-        holds a finding (a card number sent as a JSON number) becomes its redacted text."""
+        """`value` with every string inside it redacted (metadata objects). An integer that
+        is a card number becomes its redacted text; the personal-data rules leave numbers
+        alone, as timestamps, ids and coordinates have the digits of a phone number."""
         if isinstance(value, str):
             return self.redact(value)[0]
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool):
             text = str(value)
-            redacted = self.redact(text)[0]
+            redacted = Redactor(pii=False).redact(text)[0]
             return value if redacted == text else redacted
         if isinstance(value, dict):
             return {k: self.redact_value(v) for k, v in value.items()}

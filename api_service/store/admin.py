@@ -121,21 +121,35 @@ async def list_keys(conn: Conn, org_id: str) -> list[ApiKey]:
     return [ApiKey(**dict(r)) for r in rows]
 
 
-async def upsert_plan(conn: Conn, name: str, limits: PlanLimits) -> None:
-    await conn.execute(
+async def upsert_plan(
+    conn: Conn,
+    name: str,
+    *,
+    monthly_requests: int,
+    storage_bytes: int,
+    conversations: int,
+    messages: int | None,
+) -> PlanLimits:
+    """Create or update the plan; `messages=None` keeps an existing plan's message limit (a
+    new plan gets the default). Returns the plan as stored."""
+    row = await conn.fetchrow(
         """INSERT INTO plans
                (name, monthly_requests, storage_bytes, max_conversations, max_messages)
-           VALUES ($1, $2, $3, $4, $5)
+           VALUES ($1, $2, $3, $4, coalesce($5::bigint, $6::bigint))
            ON CONFLICT (name) DO UPDATE SET monthly_requests = excluded.monthly_requests,
                storage_bytes = excluded.storage_bytes,
                max_conversations = excluded.max_conversations,
-               max_messages = excluded.max_messages""",
+               max_messages = coalesce($5::bigint, plans.max_messages)
+           RETURNING monthly_requests, storage_bytes, max_conversations, max_messages""",
         name,
-        limits.monthly_requests,
-        limits.storage_bytes,
-        limits.conversations,
-        limits.messages,
+        monthly_requests,
+        storage_bytes,
+        conversations,
+        messages,
+        PlanLimits().messages,
     )
+    assert row is not None  # an INSERT ... ON CONFLICT DO UPDATE returns its row
+    return _plan_limits(*row)
 
 
 async def set_org_plan(conn: Conn, org_name: str, plan: str | None) -> bool:

@@ -68,7 +68,9 @@ async def default_conversation_id(
     conn: Conn, org_id: str, new_id: str, title: str
 ) -> tuple[str, bool]:
     """The org's default memory, created on first use; True when created now. It is created
-    with a size of 0: the append that creates it adds its title's bytes with its messages'."""
+    with a size of 0: the append that creates it adds its title's bytes with its messages'.
+    Either way its row stays locked until the caller's transaction ends, so a delete cannot
+    take it away from the append under way."""
     while True:
         created = await conn.fetchval(
             """INSERT INTO conversations
@@ -83,7 +85,9 @@ async def default_conversation_id(
         if created is not None:
             return str(created), True
         found = await conn.fetchval(
-            "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default", org_id
+            "SELECT conversation_id FROM conversations WHERE org_id = $1 AND is_default "
+            "FOR NO KEY UPDATE",
+            org_id,
         )
         if found is not None:
             return str(found), False

@@ -151,6 +151,12 @@ def test_plans_and_usage(database_url: str) -> None:
     assert "storage bytes: 0 of 5000" in usage.stdout
     assert "conversations: 0 of 3" in usage.stdout
     assert "messages:      0 of 40" in usage.stdout
+    changed = memctl(
+        database_url, "plan", "create", "small", "--requests", "200", "--storage-bytes", "5000",
+        "--conversations", "3",
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    assert "200 requests/month" in changed.stdout and "40 messages" in changed.stdout
     negative = memctl(
         database_url, "plan", "create", "bad", "--requests", "-1", "--storage-bytes", "1",
         "--conversations", "1",

@@ -236,3 +236,29 @@ async def test_the_default_memory_deleted_while_it_is_found_is_made_again(
     finally:
         await conn.close()
         await other.close()
+
+
+async def test_the_default_memory_found_stays_until_the_append_ends(database_url: str) -> None:
+    """A delete of the default memory waits for the append that found it to commit."""
+    conn, other = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        org = await admin.create_org(conn, "org_kept", "kept", None)
+        await repo.default_conversation_id(conn, org.org_id, "conv_kept", "Memory")
+        append = conn.transaction()
+        await append.start()
+        assert await repo.default_conversation_id(conn, org.org_id, "conv_new", "Memory") == (
+            "conv_kept",
+            False,
+        )
+        deleting = asyncio.ensure_future(
+            other.execute("DELETE FROM conversations WHERE conversation_id = 'conv_kept'")
+        )
+        await waits_for_a_lock(conn, other.get_server_pid())
+        assert await repo.append_messages(
+            conn, org.org_id, "conv_kept", ["msg_1"], [NewMessage("user", "x")], 1, 4
+        ) == (1, {})
+        await append.commit()
+        assert await deleting == "DELETE 1"
+    finally:
+        await conn.close()
+        await other.close()

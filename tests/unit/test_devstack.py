@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from api_service import devstack
 from api_service.cli_support import CliError
 from api_service.devstack import _postgres_running, stack_in_subprocess
 
@@ -87,3 +88,28 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
         left = _postgres_running(pgdata)
         if left is not None:
             os.kill(left, signal.SIGTERM)
+
+
+# The ignored exception is the point: pytest reports it as unraisable.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_whose_interrupt_is_lost_in_a_fork_still_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal that lands while a service is forked runs its handler in an at-fork callback,
+    where Python ignores the KeyboardInterrupt it raises: memctl up once started every
+    service after it and ran on. The start's next step unwinds instead."""
+    monkeypatch.setattr(devstack, "_stop_requested", False)
+    fired: list[bool] = []
+
+    def signal_during_the_fork() -> None:
+        if not fired:  # at-fork callbacks stay registered: only the first fork is hit
+            fired.append(True)
+            devstack._stop_on_signal(signal.SIGTERM, None)
+
+    os.register_at_fork(after_in_parent=signal_during_the_fork)
+    # preexec_fn, as memctl up's services have, makes the fork run the callbacks.
+    subprocess.run([sys.executable, "-c", "pass"], preexec_fn=os.getpid, check=True)
+    assert fired
+    with pytest.raises(KeyboardInterrupt):
+        devstack._wait_ready("a service", lambda: True, [], timeout=5)
+    assert devstack._supervise([]) is None

@@ -129,3 +129,32 @@ async def test_stopping_during_a_flush_counts_each_request_once(pool: asyncpg.Po
 
 def test_next_month_start_wraps_the_year() -> None:
     assert next_month_start(datetime(2026, 12, 15, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
+
+
+class FailsOnce:
+    """The pool, but the first write fails with an error no flush expects."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.failed = asyncio.Event()
+
+    async def fetchval(self, *args: Any) -> Any:
+        return await self.pool.fetchval(*args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        if query.lstrip().startswith("INSERT") and not self.failed.is_set():
+            self.failed.set()
+            raise RuntimeError("unexpected")
+        return await self.pool.fetch(query, *args)
+
+
+async def test_an_unexpected_flush_error_keeps_the_counts(pool: asyncpg.Pool) -> None:
+    """The periodic flush goes on after it, and stop still writes what is pending."""
+    failing = FailsOnce(pool)
+    meter = Meter(failing, flush_seconds=0.01)  # type: ignore[arg-type]
+    await meter.admit("org_m", 10)
+    meter.start()
+    await asyncio.wait_for(failing.failed.wait(), 10)
+    await meter.admit("org_m", 10)
+    await meter.stop()
+    assert await pool.fetchval("SELECT requests FROM usage WHERE org_id = 'org_m'") == 2
