@@ -381,18 +381,29 @@ class Indexer:
     async def _lease(self) -> list[Job]:
         # Jobs that appends here are still indexing themselves stay theirs past the lease: a
         # slow embedding (the model on a CPU) must not be done twice in one process.
+        # Due deletes come first, up to a batch of them beside the batch of upserts: they
+        # embed nothing, and a deleted conversation's vectors must not wait behind a backlog
+        # of embeddings. An upsert leased after a delete of its conversation finds no chunks
+        # and queues the removal again (_finish).
         rows = await self._pool.fetch(
-            """UPDATE index_outbox SET run_after = now() + make_interval(secs => $2),
+            """WITH deletes AS (
+                   SELECT job_id FROM index_outbox
+                    WHERE kind = 'delete' AND run_after <= now() AND job_id <> ALL($3::bigint[])
+                    ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED),
+               upserts AS (
+                   SELECT job_id FROM index_outbox
+                    WHERE kind = 'upsert' AND run_after <= now() AND job_id <> ALL($3::bigint[])
+                    ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+               UPDATE index_outbox SET run_after = now() + make_interval(secs => $2),
                                        attempts = attempts + 1
-                WHERE job_id IN (SELECT job_id FROM index_outbox
-                                  WHERE run_after <= now() AND job_id <> ALL($3::bigint[])
-                                  ORDER BY job_id LIMIT $1 FOR UPDATE SKIP LOCKED)
+                WHERE job_id IN (SELECT job_id FROM deletes UNION ALL SELECT job_id FROM upserts)
             RETURNING job_id, org_id, kind, conversation_id, chunk_ids, attempts""",
             self._batch_size,
             LEASE_SECONDS,
             list(self._own.values()),
         )
-        return sorted((Job(**dict(r)) for r in rows), key=lambda j: j.job_id)
+        jobs = (Job(**dict(r)) for r in rows)
+        return sorted(jobs, key=lambda j: (j.kind != "delete", j.job_id))
 
     async def _index_chunks(self, job: Job, down: set[str]) -> None:
         rows = await self._pool.fetch(

@@ -396,6 +396,33 @@ async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again
         await pool.close()
 
 
+async def test_due_deletes_are_leased_before_older_upserts(database_url: str) -> None:
+    """A conversation's delete queued behind a backlog of upserts is leased with the next
+    batch, ahead of them, so its vectors leave the shards without waiting for embeddings."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    assert pool is not None
+    worker = indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0), batch_size=2
+    )
+    try:
+        await pool.execute(
+            "INSERT INTO index_outbox (org_id, kind, conversation_id) "
+            "SELECT 'org_a', 'upsert', 'conv_' || i FROM generate_series(1, 5) AS i"
+        )
+        await pool.execute(
+            "INSERT INTO index_outbox (org_id, kind, conversation_id) "
+            "VALUES ('org_a', 'delete', 'conv_gone')"
+        )
+        leased = await worker._lease()
+        assert [(job.kind, job.conversation_id) for job in leased] == [
+            ("delete", "conv_gone"),
+            ("upsert", "conv_1"),
+            ("upsert", "conv_2"),
+        ]
+    finally:
+        await pool.close()
+
+
 @contextlib.asynccontextmanager
 async def _indexer_over_one_chunk(
     database_url: str, org_id: str

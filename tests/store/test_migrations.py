@@ -165,7 +165,7 @@ async def test_0019_counts_each_org_s_messages(empty_database_url: str) -> None:
                VALUES ('org_a', 'conv_1', 3), ('org_a', 'conv_2', 4)"""
         )
 
-        assert await migrate(conn) == ["0019_message_limit.sql"]
+        assert await migrate(conn, through="0019_message_limit.sql") == ["0019_message_limit.sql"]
 
         counts = dict(await conn.fetch("SELECT org_id, message_count FROM orgs"))
         assert counts == {"org_a": 7, "org_b": 0}
