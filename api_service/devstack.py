@@ -152,7 +152,10 @@ def _raise_if_stopped() -> None:
 
 def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _stop_on_signal)
+        # A signal it was started ignoring (SIGHUP under nohup, SIGINT under &) stays
+        # ignored, for the services too.
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _stop_on_signal)
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
     index_address = f"127.0.0.1:{args.index_port}"
@@ -277,8 +280,9 @@ def _supervise(procs: list[subprocess.Popen[bytes]]) -> str | None:
             time.sleep(0.5)
         print("\nstopping...")
         return None
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C forces
+    finally:  # a second Ctrl-C or SIGTERM forces
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _stop_on_signal)
 
 
 def _module(proc: subprocess.Popen[bytes]) -> str:

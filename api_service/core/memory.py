@@ -342,8 +342,8 @@ class MemoryService:
             vector, vector_hits = await vector_half()
         best = await self._best_rows(who.org_id, _ranked(vector_hits, lexical_ids, hybrid), limit)
         if len(best) < limit and len(vector_hits) == depth and depth < DEEPEST_SEARCH:
-            # Too many hits were chunks deleted since (their conversation's vectors are removed
-            # by the outbox, behind other jobs): ask the index for more, not the embedder.
+            # Too many hits were chunks deleted since (their conversation's vectors wait for
+            # the indexer's delete job): ask the index for more, not the embedder.
             deeper = min(DEEPER_SEARCH * depth, DEEPEST_SEARCH)
             vector_hits = await self._semantic.nearest(who.org_id, vector, deeper, allowed)
             ranked = _ranked(vector_hits, lexical_ids, hybrid)

@@ -53,12 +53,17 @@ def test_a_fresh_stack_leaves_a_running_servers_folder_alone(tmp_path: Path) -> 
     assert (pgdata / "postmaster.pid").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("signum", "ignored"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGHUP, True)],
+    ids=["sigterm", "sighup", "sighup-under-nohup"],
+)
 def test_memctl_up_stopped_while_starting_stops_its_postgres(
-    tmp_path: Path, signum: signal.Signals
+    tmp_path: Path, signum: signal.Signals, ignored: bool
 ) -> None:
     """SIGTERM (kill) or SIGHUP (the terminal closed) before the services are up unwinds as
-    Ctrl-C does: the embedded PostgreSQL does not outlive memctl."""
+    Ctrl-C does: the embedded PostgreSQL does not outlive memctl. Started under nohup, it
+    keeps SIGHUP ignored, and a SIGTERM stops it."""
     ports = [str(_free_port()) for _ in range(3)]
     command = [sys.executable, "-m", "api_service.cli", "up", "--embedder", "hashing"]
     command += ["--port", ports[0], "--embed-port", ports[1], "--index-port", ports[2]]
@@ -70,6 +75,8 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
             env={**env, "MEMORY_DATA_DIR": str(tmp_path)},
             stdout=log,
             stderr=subprocess.STDOUT,
+            # Set either way: this test may itself run under nohup.
+            preexec_fn=lambda: signal.signal(signum, signal.SIG_IGN if ignored else signal.SIG_DFL),
         )
     pgdata = tmp_path / "postgres"
     try:
@@ -79,7 +86,13 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
             time.sleep(0.1)
         assert _postgres_running(pgdata) is not None
         up.send_signal(signum)
-        assert up.wait(timeout=60) == 130, log_path.read_text()
+        if ignored:
+            time.sleep(2)
+            assert up.poll() is None, log_path.read_text()
+            up.send_signal(signal.SIGTERM)  # now started, or still starting
+            assert up.wait(timeout=60) in (0, 130), log_path.read_text()
+        else:
+            assert up.wait(timeout=60) == 130, log_path.read_text()
         assert "Traceback" not in log_path.read_text()
         assert _postgres_running(pgdata) is None
     finally:
@@ -112,4 +125,9 @@ def test_a_stop_whose_interrupt_is_lost_in_a_fork_still_stops(
     assert fired
     with pytest.raises(KeyboardInterrupt):
         devstack._wait_ready("a service", lambda: True, [], timeout=5)
-    assert devstack._supervise([]) is None
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert devstack._supervise([]) is None
+    finally:  # _supervise leaves memctl's own handlers, which pytest must not keep
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
