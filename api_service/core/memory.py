@@ -288,13 +288,15 @@ class MemoryService:
         project: str | None = None,
         snippet_chars: int = 1500,
         hybrid: bool = False,
+        query_name: str = "query",
     ) -> dict[str, Any]:
         """Chunks ranked by cosine similarity to `query`; with `hybrid`, fused by reciprocal
-        rank with PostgreSQL full-text ranking. Filters narrow the candidates before ranking."""
+        rank with PostgreSQL full-text ranking. Filters narrow the candidates before ranking.
+        `query_name`: what errors call the query (REST's parameter is `q`)."""
         who.require("read")
-        validation.text("query", query, self._limits.query_chars, required=True)
+        validation.text(query_name, query, self._limits.query_chars, required=True)
         if not query.strip():
-            raise InvalidInput("query must not be empty")
+            raise InvalidInput(f"{query_name} must not be empty")
         _bounds("limit", limit, 1, 50)
         _bounds("snippet_chars", snippet_chars, len(chunking.TRUNCATION_SUFFIX) + 1, 5000)
         clean_tags = validation.tags("tags", tags, self._limits)

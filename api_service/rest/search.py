@@ -36,4 +36,5 @@ async def search(
         project=project,
         snippet_chars=snippet_chars,
         hybrid=True,
+        query_name="q",
     )

@@ -218,3 +218,12 @@ async def test_a_window_of_the_largest_messages_is_stored_with_its_full_text(
         assert found == 1
     finally:
         await conn.close()
+
+
+async def test_errors_name_the_query_as_each_interface_does(service: Service, key: str) -> None:
+    async with service.rest(key) as http, service.mcp(key) as mcp:
+        r = await http.get("/api/v1/search", params={"q": "  "})
+        assert r.status_code == 400 and r.json()["error"] == "q must not be empty"
+        r = await http.get("/api/v1/search", params={"q": "x" * 4001})
+        assert r.status_code == 400 and r.json()["error"].startswith("q is longer than 4000")
+        assert await mcp.error("search", query="  ") == "query must not be empty"
