@@ -130,10 +130,12 @@ def _http_ready(url: str) -> Callable[[], bool]:
     return check
 
 
-# Set by the first stopping signal. Its KeyboardInterrupt can be lost: Python ignores an
-# exception raised in an at-fork callback, where the handler runs when the signal lands while
-# a service is being forked; the start checks this flag between its steps.
+# Set by the first stopping signal. Its KeyboardInterrupt can be lost: Python ignores (and
+# prints) an exception raised in an at-fork callback, where the handler runs when the signal
+# lands while a process is forked. So while a service is started the handler only sets the
+# flag, and the start checks it between its steps.
 _stop_requested = False
+_signals_held = False
 
 
 def _stop_on_signal(signum: int, _: Any) -> None:
@@ -141,13 +143,27 @@ def _stop_on_signal(signum: int, _: Any) -> None:
     after: unwind, so the services and the embedded PostgreSQL are stopped too."""
     global _stop_requested
     _stop_requested = True
-    raise KeyboardInterrupt
+    if not _signals_held:
+        raise KeyboardInterrupt
 
 
 def _raise_if_stopped() -> None:
-    """Unwind if a stopping signal came whose KeyboardInterrupt was lost."""
+    """Unwind if a stopping signal came whose KeyboardInterrupt was held or lost."""
     if _stop_requested:
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _holding_signals() -> Iterator[None]:
+    """A stopping signal during the block unwinds once the block is done (a service started
+    in it is then in the list of those to stop), not inside a fork's callbacks."""
+    global _signals_held
+    _signals_held = True
+    try:
+        yield
+    finally:
+        _signals_held = False
+    _raise_if_stopped()
 
 
 def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
@@ -191,8 +207,8 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         try:
             for module in ("embed_service", "index_service"):
                 print(f"  starting {module}")
-                procs.append(_service(module, env))
-                _raise_if_stopped()
+                with _holding_signals():
+                    procs.append(_service(module, env))
             _wait_ready(
                 "embed_service (loads the model)",
                 _grpc_ready(embed_address, "embed"),
@@ -201,8 +217,8 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             )
             _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
             print("  starting api_service")
-            procs.append(_service("api_service", env))
-            _raise_if_stopped()
+            with _holding_signals():
+                procs.append(_service("api_service", env))
             _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
             _raise_if_stopped()
             _print_welcome(base_url, key, created, data_dir)

@@ -131,3 +131,18 @@ def test_a_stop_whose_interrupt_is_lost_in_a_fork_still_stops(
     finally:  # _supervise leaves memctl's own handlers, which pytest must not keep
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+
+
+def test_a_stop_while_a_service_is_started_waits_for_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The signal's handler raises nothing while a service is started, where it could run in a
+    fork's callback (the interrupt then lost, and its traceback printed); the start unwinds
+    right after, with the service in the list of those to stop."""
+    monkeypatch.setattr(devstack, "_stop_requested", False)
+    started: list[str] = []
+    with pytest.raises(KeyboardInterrupt), devstack._holding_signals():
+        devstack._stop_on_signal(signal.SIGTERM, None)
+        started.append("embed_service")
+    assert started == ["embed_service"]
+    assert not devstack._signals_held
