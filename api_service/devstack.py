@@ -206,9 +206,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         exited: str | None = None
         try:
             for module in ("embed_service", "index_service"):
-                print(f"  starting {module}")
-                with _holding_signals():
-                    procs.append(_service(module, env))
+                _start(module, env, procs)
             _wait_ready(
                 "embed_service (loads the model)",
                 _grpc_ready(embed_address, "embed"),
@@ -216,9 +214,7 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
                 args.timeout,
             )
             _wait_ready("index_service", _grpc_ready(index_address, "index"), procs, args.timeout)
-            print("  starting api_service")
-            with _holding_signals():
-                procs.append(_service("api_service", env))
+            _start("api_service", env, procs)
             _wait_ready("api_service", _http_ready(f"{base_url}/readyz"), procs, args.timeout)
             _raise_if_stopped()
             _print_welcome(base_url, key, created, data_dir)
@@ -274,6 +270,14 @@ def _service(module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         env=env,
         preexec_fn=_die_with_parent,
     )
+
+
+def _start(module: str, env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> None:
+    """Start a service and add it to `procs`, those to stop; a stopping signal meanwhile
+    unwinds once it is there."""
+    print(f"  starting {module}")
+    with _holding_signals():
+        procs.append(_service(module, env))
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]]) -> str | None:

@@ -367,6 +367,14 @@ async def test_an_append_embeds_while_it_commits_and_a_refused_one_cancels(
     assert cancelled == [refused_text]
 
 
+def _offline_indexer(pool: asyncpg.Pool, **options: Any) -> indexer.Indexer:
+    """An Indexer whose clients are never called (they point at the discard port): for the
+    parts of it that use PostgreSQL alone."""
+    return indexer.Indexer(
+        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0), **options
+    )
+
+
 async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again(
     database_url: str,
 ) -> None:
@@ -375,10 +383,7 @@ async def test_an_upsert_job_whose_conversation_is_gone_queues_its_removal_again
     still have the removal done again."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     assert pool is not None
-    # Clients that are never called: the job's chunks are gone, so nothing is embedded.
-    worker = indexer.Indexer(
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
-    )
+    worker = _offline_indexer(pool)  # the job's chunks are gone, so nothing is embedded
     try:
         await pool.execute(
             "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids) "
@@ -401,9 +406,7 @@ async def test_due_deletes_are_leased_before_older_upserts(database_url: str) ->
     batch, ahead of them, so its vectors leave the shards without waiting for embeddings."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     assert pool is not None
-    worker = indexer.Indexer(
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0), batch_size=2
-    )
+    worker = _offline_indexer(pool, batch_size=2)
     try:
         await pool.execute(
             "INSERT INTO index_outbox (org_id, kind, conversation_id) "
@@ -432,9 +435,7 @@ async def _indexer_over_one_chunk(
     holding one chunk (chk_1, version 1); the org goes afterwards."""
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     assert pool is not None
-    worker = indexer.Indexer(
-        pool, EmbedClient("127.0.0.1:9", 1.0), IndexRouter(["127.0.0.1:9"], 1.0)
-    )
+    worker = _offline_indexer(pool)
     try:
         await pool.execute("INSERT INTO orgs (org_id, name) VALUES ($1, $1)", org_id)
         await pool.execute(

@@ -65,23 +65,39 @@ async def test_rollover_flush_and_restart(pool: asyncpg.Pool) -> None:
     assert await meter.used("org_m") == 4
 
 
-class MonthTurnsDuringTheWrite:
-    """The pool, but the month turns while the flush's write is on its way, and a request of
-    the new month is counted meanwhile."""
+class AroundWrites:
+    """The pool, with `write` in place of each of the meter's writes (its INSERT)."""
 
-    def __init__(self, pool: asyncpg.Pool, clock: Clock, org_id: str) -> None:
-        self.pool, self.clock, self.org_id = pool, clock, org_id
-        self.meter: Meter | None = None
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
 
     async def fetchval(self, *args: Any) -> Any:
         return await self.pool.fetchval(*args)
 
     async def fetch(self, query: str, *args: Any) -> Any:
-        if query.lstrip().startswith("INSERT") and self.meter is not None:
+        if query.lstrip().startswith("INSERT"):
+            return await self.write(query, *args)
+        return await self.pool.fetch(query, *args)
+
+    async def write(self, query: str, *args: Any) -> Any:
+        return await self.pool.fetch(query, *args)
+
+
+class MonthTurnsDuringTheWrite(AroundWrites):
+    """The pool, but the month turns while the flush's write is on its way, and a request of
+    the new month is counted meanwhile."""
+
+    def __init__(self, pool: asyncpg.Pool, clock: Clock, org_id: str) -> None:
+        super().__init__(pool)
+        self.clock, self.org_id = clock, org_id
+        self.meter: Meter | None = None
+
+    async def write(self, query: str, *args: Any) -> Any:
+        if self.meter is not None:
             meter, self.meter = self.meter, None
             self.clock.now = datetime(2026, 12, 1, tzinfo=UTC)
             assert (await meter.admit(self.org_id, 10)).allowed
-        return await self.pool.fetch(query, *args)
+        return await super().write(query, *args)
 
 
 async def test_a_request_counted_as_the_month_turns_is_kept(pool: asyncpg.Pool) -> None:
@@ -97,21 +113,18 @@ async def test_a_request_counted_as_the_month_turns_is_kept(pool: asyncpg.Pool) 
     assert rows == {date(2026, 11, 1): 1, date(2026, 12, 1): 1}
 
 
-class SlowAnswers:
+class SlowAnswers(AroundWrites):
     """The pool, but each write's answer comes `delay` seconds after PostgreSQL committed it."""
 
     def __init__(self, pool: asyncpg.Pool, delay: float) -> None:
-        self.pool, self.delay = pool, delay
+        super().__init__(pool)
+        self.delay = delay
         self.written = asyncio.Event()
 
-    async def fetchval(self, *args: Any) -> Any:
-        return await self.pool.fetchval(*args)
-
-    async def fetch(self, query: str, *args: Any) -> Any:
-        rows = await self.pool.fetch(query, *args)
-        if query.lstrip().startswith("INSERT"):
-            self.written.set()
-            await asyncio.sleep(self.delay)
+    async def write(self, query: str, *args: Any) -> Any:
+        rows = await super().write(query, *args)
+        self.written.set()
+        await asyncio.sleep(self.delay)
         return rows
 
 
@@ -131,21 +144,18 @@ def test_next_month_start_wraps_the_year() -> None:
     assert next_month_start(datetime(2026, 12, 15, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
 
 
-class FailsOnce:
+class FailsOnce(AroundWrites):
     """The pool, but the first write fails with an error no flush expects."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
+        super().__init__(pool)
         self.failed = asyncio.Event()
 
-    async def fetchval(self, *args: Any) -> Any:
-        return await self.pool.fetchval(*args)
-
-    async def fetch(self, query: str, *args: Any) -> Any:
-        if query.lstrip().startswith("INSERT") and not self.failed.is_set():
+    async def write(self, query: str, *args: Any) -> Any:
+        if not self.failed.is_set():
             self.failed.set()
             raise RuntimeError("unexpected")
-        return await self.pool.fetch(query, *args)
+        return await super().write(query, *args)
 
 
 async def test_an_unexpected_flush_error_keeps_the_counts(pool: asyncpg.Pool) -> None:
