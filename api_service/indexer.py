@@ -34,6 +34,7 @@ import numpy as np
 
 from api_service import timing
 from api_service.clients import EmbedClient, IndexRouter, Vectors
+from api_service.core.chunking import embedded_text
 from api_service.store import lexical
 from api_service.store.records import QueuedChunks
 
@@ -161,6 +162,7 @@ class Indexer:
         smaller size: the model on a CPU can take longer over a full batch than the deadline
         allows, and retrying the whole batch would fail the same way for ever. After
         GROW_AFTER_CALLS embeddings whose calls all fit, the size doubles again."""
+        texts = [embedded_text(text) for text in texts]
         size = self._embed_size
         parts = [
             await self._embed_call(texts[start : start + size])

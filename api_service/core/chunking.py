@@ -25,6 +25,18 @@ def window_end(start: int, count: int) -> int:
     return min(start + WINDOW - 1, count)
 
 
+# The model reads a window's first 384 tokens, which text reaches within a few thousand
+# characters. A window holds up to five messages of 100,000 characters, and redaction markers
+# can make them several times longer: past what embed_service takes in one text
+# (EMBED_MAX_TEXT_CHARS, 1,000,000), which would refuse the window on every retry.
+EMBEDDED_CHARS = 200_000
+
+
+def embedded_text(text: str) -> str:
+    """The part of a window's text that is sent to be embedded."""
+    return text[:EMBEDDED_CHARS]
+
+
 def chunk_text(lines: Iterable[tuple[str, str]]) -> str:
     """One line per message, `[role]: content`."""
     return "\n".join(f"[{role}]: {content}" for role, content in lines)

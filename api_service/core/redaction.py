@@ -213,22 +213,47 @@ def _needles_in(lowered: str) -> set[str]:
     return set(_NEEDLES.find_matches_as_strings(lowered, overlapping=True))
 
 
+# A finding pasted again elsewhere, without the context its pattern needs (a URL's password
+# in a sentence), is the same secret; but a short string recurs by chance, and one inside a
+# longer word is part of that word: a URL password "admin" must not take the "admin" out of
+# "administrator".
+_REPEAT_MIN_CHARS = 8
+
+
+def _is_word_char(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] splits no run of word characters."""
+    inside_at_start = start > 0 and _is_word_char(text[start - 1]) and _is_word_char(text[start])
+    inside_at_end = end < len(text) and _is_word_char(text[end - 1]) and _is_word_char(text[end])
+    return not (inside_at_start or inside_at_end)
+
+
 def _replace_spans(text: str, spans: Iterable[tuple[int, int]], kind: str) -> tuple[str, int]:
     """`text` with every finding replaced by the kind's marker, and how many distinct ones
-    there were. Each finding is replaced where the rule found it and wherever else its text
-    occurs; findings that overlap become one marker, so no part of either is left. One pass
-    (Aho-Corasick for the other occurrences): a replace and a new scan for each was quadratic
-    in their number, and thousands of distinct keys fit in one message."""
+    there were. Each finding is replaced where the rule found it, and wherever else its text
+    stands on its own if it is long enough to be no coincidence; findings that overlap become
+    one marker, so no part of either is left. One pass (Aho-Corasick for the other
+    occurrences): a replace and a new scan for each was quadratic in their number, and
+    thousands of distinct keys fit in one message."""
     found = [(a, b) for a, b in spans if 0 <= a < b]
     if not found:
         return text, 0
     distinct = sorted({text[a:b] for a, b in found})
-    # A contiguous NFA builds in time linear in the strings; the DFA chosen by default for
-    # a few strings built in seconds for one of 20 KB.
-    matcher = AhoCorasick(
-        distinct, matchkind=MatchKind.LeftmostLongest, implementation=Implementation.ContiguousNFA
-    )
-    found += [(a, b) for _, a, b in matcher.find_matches_as_indexes(text)]
+    repeatable = [s for s in distinct if len(s) >= _REPEAT_MIN_CHARS]
+    if repeatable:
+        # A contiguous NFA builds in time linear in the strings; the DFA chosen by default
+        # for a few strings built in seconds for one of 20 KB.
+        matcher = AhoCorasick(
+            repeatable,
+            matchkind=MatchKind.LeftmostLongest,
+            implementation=Implementation.ContiguousNFA,
+        )
+        found += [
+            (a, b) for _, a, b in matcher.find_matches_as_indexes(text) if _stands_alone(text, a, b)
+        ]
     parts: list[str] = []
     last = 0
     for a, b in _merged(found):

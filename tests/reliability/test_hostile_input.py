@@ -9,9 +9,10 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+import asyncpg
 import httpx
 
-from tests.api.harness import Service
+from tests.api.harness import Service, outbox_drained
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 JSONRPC_ERROR_CODES = {-32700, -32600, -32601, -32602, -32603}
@@ -430,6 +431,39 @@ INJECTIONS = [
     "emoji 👩\u200d💻 combining e\u0301 CJK 記憶 RTL שלום",
     "\u2028\u2029 separators \x7f \x01\x1f control",
 ]
+
+
+async def test_a_window_longer_than_the_embedder_takes_is_indexed(
+    service: Service, key: str
+) -> None:
+    """Redaction can make text longer: a URL's one-letter password becomes a marker of 23.
+    Five of the longest messages made of such URLs join into a window longer than
+    embed_service takes in one text (1,000,000 characters); only the start the model reads
+    is sent, so the window is indexed rather than refused on every retry."""
+    unit = "x://u:e@h "
+    content = unit * (100_000 // len(unit))
+    async with service.rest(key) as http:
+        cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        r = await http.post(
+            "/api/v1/messages",
+            json={"conversation_id": cid, "messages": [{"role": "user", "content": content}] * 5},
+        )
+        assert r.status_code == 200, r.text
+        await outbox_drained(service.database_url)
+        conn = await asyncpg.connect(service.database_url)
+        try:
+            lengths = await conn.fetch(
+                "SELECT length(c.text) AS chars, v.version = c.version AS embedded "
+                "FROM chunks c LEFT JOIN chunk_vectors v USING (org_id, conversation_id, "
+                "start_sequence) WHERE conversation_id = $1 ORDER BY start_sequence",
+                cid,
+            )
+        finally:
+            await conn.close()
+        assert lengths[0]["chars"] > 1_000_000 and all(row["embedded"] is True for row in lengths)
+        r = await http.get("/api/v1/search", params={"q": "x://u:[REDACTED:url_password]@h"})
+        assert r.status_code == 200, r.text
+        assert {hit["conversation_id"] for hit in r.json()["results"]} == {cid}
 
 
 async def test_injection_strings_are_stored_verbatim_and_harmless(

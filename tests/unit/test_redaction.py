@@ -332,6 +332,35 @@ def test_a_bearer_token_after_any_white_space_is_redacted(space: str) -> None:
     assert token not in redacted and kinds == ["bearer_token"]
 
 
+def test_a_secret_pasted_again_on_its_own_is_redacted_there_too() -> None:
+    text = (
+        "DATABASE_URL=postgres://app:S3cr3t-Passw0rd@db.internal/prod; "
+        "the password is S3cr3t-Passw0rd, not S3cr3t-Passw0rd2"
+    )
+    redacted, kinds = Redactor().redact(text)
+    assert redacted == (
+        "DATABASE_URL=postgres://app:[REDACTED:url_password]@db.internal/prod; "
+        "the password is [REDACTED:url_password], not S3cr3t-Passw0rd2"
+    )
+    assert kinds == ["url_password"]
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        (
+            "Connect via mongodb://admin:admin@db:27017 as the administrator",
+            "Connect via mongodb://admin:[REDACTED:url_password]@db:27017 as the administrator",
+        ),
+        ("x://u:e@h here we see e", "x://u:[REDACTED:url_password]@h here we see e"),
+    ],
+)
+def test_a_short_secret_is_redacted_only_where_it_was_found(text: str, redacted: str) -> None:
+    """Elsewhere a short string is most likely a word, or part of one: replacing it there
+    would change the user's text (and could grow it many times over)."""
+    assert Redactor().redact(text) == (redacted, ["url_password"])
+
+
 def test_findings_that_overlap_leave_nothing_of_either() -> None:
     """An AWS key id run into the name of a secret access key: both findings go whole."""
     secret = "a" * 38 + "Zz"
