@@ -108,14 +108,27 @@ class GuardMiddleware:
             await send_error(send, error, rate_headers)
             return
 
+        response_started = False
+
         async def send_with_headers(message: dict[str, Any]) -> None:
-            # MCP responses may start streaming before the tool is done: REST only.
-            if message["type"] == "http.response.start" and is_rest:
-                took = (b"server-timing", timing.header(record, time.perf_counter() - started))
-                message = {**message, "headers": [*message.get("headers", []), *rate_headers, took]}
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                # MCP responses may start streaming before the tool is done: REST only.
+                if is_rest:
+                    took = (b"server-timing", timing.header(record, time.perf_counter() - started))
+                    extra = [*rate_headers, took]
+                    message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception as exc:
+            # Starlette answers an unexpected error outside every middleware, where its 500
+            # would lose this request's headers: answer it here (classify logs it).
+            if not is_rest or response_started:
+                raise
+            await send_error(send_with_headers, classify(exc))
 
     async def _authenticate(self, headers: dict[bytes, bytes], client: str) -> auth.Principal:
         """The caller's principal. Unknown keys count toward the client's throttle; while it is

@@ -140,9 +140,14 @@ class Meter:
         """Add pending counts to PostgreSQL and refresh the totals (other replicas' too)."""
         taken = {key: c.pending for key, c in self._counts.items() if c.pending}
         if taken:
+            # Only orgs that still exist, each locked against deletion until the insert is
+            # done: one org deleted meanwhile must not fail the write of every other's counts.
             rows = await self._pool.fetch(
                 """INSERT INTO usage (org_id, month, requests)
-                   SELECT * FROM unnest($1::text[], $2::date[], $3::bigint[])
+                   SELECT o.org_id, u.month, u.requests
+                     FROM unnest($1::text[], $2::date[], $3::bigint[]) AS u(org_id, month, requests)
+                     JOIN orgs o ON o.org_id = u.org_id
+                      FOR KEY SHARE OF o
                    ON CONFLICT (org_id, month)
                    DO UPDATE SET requests = usage.requests + excluded.requests
                    RETURNING org_id, month, requests""",
@@ -150,10 +155,14 @@ class Meter:
                 [k[1] for k in taken],
                 list(taken.values()),
             )
+            written = set()
             for row in rows:
                 key = (row["org_id"], row["month"])
                 self._counts[key].pending -= taken[key]
                 self._counts[key].flushed_total = int(row["requests"])
+                written.add(key)
+            for key in taken.keys() - written:
+                del self._counts[key]  # its org is gone, and its counts with it
         # Read after the write: the month may have turned meanwhile, and requests of the new
         # one been counted, which the next flush writes.
         current = month_start(self._clock())

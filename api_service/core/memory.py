@@ -27,7 +27,7 @@ from api_service.core.redaction import Redactor
 from api_service.settings import Limits
 from api_service.store import admin, lexical
 from api_service.store import repository as repo
-from api_service.store.db import Conn, write_transaction
+from api_service.store.db import Conn, read_snapshot, write_transaction
 from api_service.store.records import Charge, ChunkRow, NewMessage, QueuedChunks
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class MemoryService:
         _known_shape(conversation_id)
         _bounds("message_limit", message_limit, 1, 500)
         _bounds("message_offset", message_offset, 0, MAX_OFFSET)
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire() as conn, read_snapshot(conn):
             conversation = await repo.get_conversation(conn, who.org_id, conversation_id)
             if conversation is None:
                 raise conversation_not_found()
@@ -245,7 +245,7 @@ class MemoryService:
             raise InvalidInput("order must be asc or desc")
         clean_tags = validation.tags("tags", tags, self._limits)
         validation.text("agent_id", agent_id, self._limits.agent_id_chars)
-        async with self._pool.acquire() as conn:
+        async with self._pool.acquire() as conn, read_snapshot(conn):
             rows, total = await repo.list_conversations(
                 conn,
                 who.org_id,
@@ -264,6 +264,7 @@ class MemoryService:
         who.require("write")
         _known_shape(conversation_id)
         async with self._pool.acquire() as conn, conn.transaction():
+            await lexical.forget_conversation(conn, who.org_id, conversation_id)
             freed = await repo.delete_conversation(conn, who.org_id, conversation_id)
             if freed is None:
                 raise conversation_not_found()

@@ -15,10 +15,9 @@ router = APIRouter(prefix="/conversations", tags=["conversations"], responses=ER
 
 
 def split_tags(tags: str | None) -> list[str] | None:
-    """`a,b` -> ["a", "b"]; an empty or absent parameter means no filter."""
-    if tags is None:
-        return None
-    return [t.strip() for t in tags.split(",") if t.strip()] or None
+    """`a,b` -> ["a", "b"]; an empty or absent parameter means no filter. Nothing is trimmed or
+    dropped: `a,,b` and ` a` reach validation as they are and are refused, as on MCP."""
+    return tags.split(",") if tags else None
 
 
 @router.post("", status_code=201, response_model=schemas.ConversationCreated)

@@ -9,6 +9,7 @@ from typing import Any, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
+from asyncpg.transaction import Transaction
 
 # A connection taken from a pool or opened directly; the repository accepts either.
 Conn: TypeAlias = "asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
@@ -67,3 +68,10 @@ async def write_transaction(conn: Conn) -> AsyncIterator[None]:
     # aborted: COMMIT then rolls back and only says so in its status.
     if await conn.execute("COMMIT") != "COMMIT":
         raise asyncpg.InterfaceError("the transaction was rolled back: a statement in it failed")
+
+
+def read_snapshot(conn: Conn) -> Transaction:
+    """A read-only transaction whose statements all see the database at one moment: a
+    conversation and its messages, a page and its total, agree though writes commit between
+    them."""
+    return conn.transaction(isolation="repeatable_read", readonly=True)

@@ -109,13 +109,14 @@ def stats_drifted(count: int, taken: int) -> bool:
     return not taken / (1 + STATS_DRIFT) <= count <= taken * (1 + STATS_DRIFT)
 
 
+# The lock a recount holds on its org's statistics, and a delete shares.
+_STATS_LOCK = "hashtextextended('lexical_stats:' || $1, 0)"
+
+
 async def refresh_stats(conn: Conn, org_id: str) -> bool:
-    """Recount the org's term statistics; False if another replica is doing it right now."""
+    """Recount the org's term statistics; False if another replica or a delete is at them."""
     async with conn.transaction():
-        if not await conn.fetchval(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended('lexical_stats:' || $1, 0))",
-            org_id,
-        ):
+        if not await conn.fetchval(f"SELECT pg_try_advisory_xact_lock({_STATS_LOCK})", org_id):
             return False
         # The stats row first: the lexeme counts reference it (0007_lexeme_df_parent.sql).
         await conn.execute(
@@ -142,6 +143,31 @@ async def refresh_stats(conn: Conn, org_id: str) -> bool:
             org_id,
         )
     return True
+
+
+async def forget_conversation(conn: Conn, org_id: str, conversation_id: str) -> None:
+    """Take a conversation's chunks out of the org's term statistics, in the transaction that
+    deletes it, so that a word only it held is gone from `lexeme_df` too. It waits for a
+    recount under way (which counted the conversation) and keeps another from starting until
+    the delete commits."""
+    await conn.execute(f"SELECT pg_advisory_xact_lock_shared({_STATS_LOCK})", org_id)
+    # Words whose count falls to nothing go; the others are counted down. The two statements
+    # of one touch separate rows, as PostgreSQL requires.
+    await conn.execute(
+        """WITH gone AS (
+               SELECT word.lexeme, count(*) AS chunks
+                 FROM chunks c, unnest(c.text_search) AS word
+                WHERE c.org_id = $1 AND c.conversation_id = $2
+                GROUP BY word.lexeme),
+           dropped AS (
+               DELETE FROM lexeme_df d USING gone
+                WHERE d.org_id = $1 AND d.lexeme = gone.lexeme AND d.df <= gone.chunks)
+           UPDATE lexeme_df d SET df = d.df - gone.chunks
+             FROM gone
+            WHERE d.org_id = $1 AND d.lexeme = gone.lexeme AND d.df > gone.chunks""",
+        org_id,
+        conversation_id,
+    )
 
 
 async def flush_pending(conn: Conn) -> int:

@@ -401,6 +401,48 @@ async def test_search_validates_its_parameters(service: Service, key: str) -> No
         assert r.status_code == 200 and r.json() == {"results": [], "total": 0}
 
 
+async def test_a_tag_filter_is_taken_as_written(service: Service, key: str) -> None:
+    """An empty or padded tag in a comma list is refused as MCP refuses it, never dropped (which
+    would widen the filter) or trimmed; an empty parameter is no filter."""
+    async with service.rest(key) as http:
+        cid = await _create(http, tags=["travel"])
+        for path, params in (("/api/v1/conversations", {}), ("/api/v1/search", {"q": "x"})):
+            for tags in (",", " ", "travel,,x", " travel", "travel,"):
+                r = await http.get(path, params={**params, "tags": tags})
+                assert r.status_code == 400, (path, tags, r.text)
+                assert r.json()["error"].startswith("tags: each tag is 1 to 64 characters")
+        r = await http.get("/api/v1/conversations", params={"tags": ""})
+        assert [c["id"] for c in r.json()["conversations"]] == [cid]
+        r = await http.get("/api/v1/conversations", params={"tags": "travel,x"})
+        assert r.json()["conversations"] == []
+
+
+async def test_an_unexpected_error_keeps_the_rest_headers(service: Service, key: str) -> None:
+    """A failure no handler expects is a 500 in the error shape, and still carries the
+    request's X-RateLimit and Server-Timing headers."""
+    conn = await asyncpg.connect(service.database_url)
+    try:
+        await conn.execute(
+            "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN RAISE EXCEPTION 'refused by a test trigger'; END$$"
+        )
+        await conn.execute(
+            "CREATE OR REPLACE TRIGGER test_refuse BEFORE INSERT ON conversations FOR EACH ROW "
+            "WHEN (NEW.title = 'refuse me') EXECUTE FUNCTION test_refuse()"
+        )
+        async with service.rest(key) as http:
+            r = await http.post("/api/v1/conversations", json={"title": "refuse me"})
+            assert r.status_code == 500, r.text
+            assert r.json() == {"error": "Internal error", "code": "internal_error"}
+            assert "x-ratelimit-remaining" in r.headers and "server-timing" in r.headers
+            assert "refused by a test trigger" not in r.text
+            assert (await http.get("/api/v1/conversations")).json()["total"] == 0
+    finally:
+        await conn.execute("DROP TRIGGER IF EXISTS test_refuse ON conversations")
+        await conn.execute("DROP FUNCTION IF EXISTS test_refuse()")
+        await conn.close()
+
+
 async def test_unknown_query_parameters_are_400(service: Service, key: str) -> None:
     """As bodies refuse unknown fields: a misspelt parameter is named, never ignored, and a
     repeated one is refused rather than read as its last value."""

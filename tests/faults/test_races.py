@@ -500,6 +500,46 @@ def _chunk(version: int) -> indexer._Chunk:
     return indexer._Chunk("chk_1", "conv_1", version, "x", None)
 
 
+async def test_a_read_sees_one_moment(
+    service: Service, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversation and its messages, and a list page and its total, are read in one
+    snapshot: a write that commits between the two statements shows in neither."""
+    async with service.rest(key) as http, service.rest(key) as writer:
+        cid = (await writer.post("/api/v1/conversations", json={})).json()["conversation_id"]
+        read_conversation = repository.get_conversation
+
+        async def read_then_append(conn: Any, org_id: str, conversation_id: str) -> Any:
+            row = await read_conversation(conn, org_id, conversation_id)
+            r = await writer.post(
+                "/api/v1/messages",
+                json={"conversation_id": cid, "messages": [{"role": "user", "content": "x"}]},
+            )
+            assert r.status_code == 200, r.text
+            return row
+
+        monkeypatch.setattr(repository, "get_conversation", read_then_append)
+        for appended in (1, 2):
+            got = (await http.get(f"/api/v1/conversations/{cid}")).json()
+            assert got["conversation"]["message_count"] == len(got["messages"]) == appended - 1
+        monkeypatch.undo()
+
+        count = asyncpg.Connection.fetchval
+
+        async def create_then_count(conn: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+            if query.startswith("SELECT count(*) FROM conversations"):
+                r = await writer.post("/api/v1/conversations", json={})
+                assert r.status_code == 201, r.text
+            return await count(conn, query, *args, **kwargs)
+
+        monkeypatch.setattr(asyncpg.Connection, "fetchval", create_then_count)
+        for created in (1, 2):
+            page = (await http.get("/api/v1/conversations", params={"limit": 100})).json()
+            assert page["total"] == len(page["conversations"]) == created
+        monkeypatch.undo()
+        assert (await http.get("/api/v1/conversations")).json()["total"] == 3
+
+
 async def test_delete_racing_appends_leaves_no_orphans(service: Service) -> None:
     org_id, key = await service.org_with_key()
     async with service.rest(key) as http:

@@ -267,6 +267,67 @@ async def test_an_orgs_term_statistics_go_with_it(conn: asyncpg.Connection) -> N
     assert await conn.fetchval("SELECT count(*) FROM lexeme_df WHERE org_id = 'org_gone'") == 0
 
 
+async def test_a_deleted_conversations_words_leave_the_term_statistics(database_url: str) -> None:
+    """A delete takes its chunks out of the document frequencies: a word only it held is no
+    longer stored, a shared one is counted down."""
+    who = Principal("org_forget", "key_forget", frozenset({"read", "write"}))
+    pool = await create_pool(database_url, 1, 2)
+    try:
+        async with pool.acquire() as conn:
+            await _seed(
+                conn,
+                who.org_id,
+                {
+                    "conv_kept": [f"{FILLER}; kettle {i}" for i in range(lexical.EXACT_BELOW)],
+                    "conv_gone": [f"{FILLER}; kettle and the zanzibar codeword"] * 3,
+                },
+            )
+            await lexical.keep_stats(conn, who.org_id)
+            df = dict(
+                await conn.fetch("SELECT lexeme, df FROM lexeme_df WHERE org_id = $1", who.org_id)
+            )
+            assert (df["zanzibar"], df["codeword"], df["kettl"]) == (3, 3, lexical.EXACT_BELOW + 3)
+
+        memory = MemoryService(pool, Limits(), semantic=None)  # type: ignore[arg-type]
+        await memory.delete_conversation(who, "conv_gone")
+        async with pool.acquire() as conn:
+            df = dict(
+                await conn.fetch("SELECT lexeme, df FROM lexeme_df WHERE org_id = $1", who.org_id)
+            )
+        assert "zanzibar" not in df and "codeword" not in df
+        assert df["kettl"] == lexical.EXACT_BELOW and df["garden"] == lexical.EXACT_BELOW
+    finally:
+        await pool.close()
+
+
+async def test_a_delete_and_a_recount_of_one_org_do_not_overlap(database_url: str) -> None:
+    """A recount under way counted the conversation: its delete waits for it, then takes its
+    chunks out; and while a delete is under way no recount starts."""
+    recounting = await asyncpg.connect(database_url)
+    deleting = await asyncpg.connect(database_url)
+    try:
+        await _seed(recounting, "org_overlap", {"conv": [f"{FILLER}; {i}" for i in range(10)]})
+        delete = deleting.transaction()
+        async with recounting.transaction():
+            assert await recounting.fetchval(
+                "SELECT pg_try_advisory_xact_lock(hashtextextended('lexical_stats:' || $1, 0))",
+                "org_overlap",
+            )  # held as refresh_stats holds it
+            await delete.start()
+            forget = asyncio.create_task(
+                lexical.forget_conversation(deleting, "org_overlap", "conv")
+            )
+            await asyncio.sleep(0.2)
+            assert not forget.done()
+        await asyncio.wait_for(forget, 5)  # the recount's transaction ended
+        assert not await lexical.refresh_stats(recounting, "org_overlap")
+        await delete.commit()
+        assert await lexical.refresh_stats(recounting, "org_overlap")
+    finally:
+        for conn in (recounting, deleting):
+            await conn.close()
+
+
 async def test_org_wide_search_of_common_words_matches_chunks_holding_both_first(
     conn: asyncpg.Connection,
 ) -> None:

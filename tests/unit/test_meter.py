@@ -168,3 +168,21 @@ async def test_an_unexpected_flush_error_keeps_the_counts(pool: asyncpg.Pool) ->
     await meter.admit("org_m", 10)
     await meter.stop()
     assert await pool.fetchval("SELECT requests FROM usage WHERE org_id = 'org_m'") == 2
+
+
+async def test_an_org_deleted_before_the_flush_holds_up_no_other(pool: asyncpg.Pool) -> None:
+    """The counts of an org that was deleted meanwhile are dropped; every other org's are
+    written as before."""
+    async with pool.acquire() as conn:
+        await admin.create_org(conn, "org_m_gone", "gone", None)
+    clock = Clock(datetime(2026, 11, 15, tzinfo=UTC))
+    meter = Meter(pool, clock)
+    for org in ("org_m", "org_m_gone", "org_m"):
+        assert (await meter.admit(org, 10)).allowed
+    await pool.execute("DELETE FROM orgs WHERE org_id = 'org_m_gone'")
+    await meter.flush()
+    rows = dict(await pool.fetch("SELECT org_id, requests FROM usage WHERE org_id LIKE 'org_m%'"))
+    assert rows == {"org_m": 2}
+    assert (await meter.admit("org_m", 10)).remaining == 7
+    await meter.flush()
+    assert await pool.fetchval("SELECT requests FROM usage WHERE org_id = 'org_m'") == 3
