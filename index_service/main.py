@@ -114,6 +114,7 @@ async def start_server(settings: IndexSettings) -> IndexServer:
         requests,
         flat_threshold=settings.flat_threshold,
         target_recall=settings.target_recall,
+        own_epoch=routing_epoch(settings.shards) if settings.shards else 0,
     )
     servicer = IndexServicer(registry, dim=settings.dim, max_k=settings.max_k, device=device)
     options = [

@@ -92,7 +92,11 @@ class Registry:
         *,
         flat_threshold: int,
         target_recall: float,
+        own_epoch: int = 0,
     ) -> None:
+        """`own_epoch`: the routing epoch of this shard's own list (INDEX_SHARDS), 0 if it
+        has none."""
+        self._own_epoch = own_epoch
         self._source = source
         self._work = work
         self._requests = requests
@@ -235,10 +239,10 @@ class Registry:
 
     async def _ensure(self, org_id: str, epoch: int) -> _Org:
         """The org's current copy, loaded (once, however many callers wait) when this shard
-        does not hold it or holds a copy loaded under another routing epoch."""
+        does not hold it or holds one that does not serve `epoch` (`_serves`)."""
         while True:
             held = self._orgs.get(org_id)
-            if held is not None and (epoch == 0 or held.epoch == epoch):
+            if held is not None and self._serves(held, epoch):
                 return held
             pending = self._loading.get(org_id)
             if pending is None:
@@ -246,10 +250,22 @@ class Registry:
                 self._loading[org_id] = pending
             load_epoch, task = pending
             org = await asyncio.shield(task)
-            # A load started for another epoch does not count: go round and start ours. Ours,
-            # once done, is returned even if a later epoch has started another since.
-            if epoch == 0 or load_epoch == epoch:
+            # A load started for another epoch does not count unless it serves ours: go round
+            # and start ours. Ours, once done, is returned even if a later epoch has started
+            # another since.
+            if load_epoch == epoch or self._serves(org, epoch):
                 return org
+
+    def _serves(self, held: _Org, epoch: int) -> bool:
+        """Whether a copy loaded under `held.epoch` answers a request sent under `epoch`.
+        One loaded under another routing may have missed writes sent elsewhere meanwhile, so
+        it is reloaded for a caller on this shard's own list (or on any list, where the
+        shard has none). A caller on another list, an api pod the rollout of a new list has
+        not reached yet, is served what is held: callers on two lists, alternating, would
+        otherwise reload the org at every change of caller."""
+        if epoch == 0 or held.epoch == epoch:
+            return True
+        return self._own_epoch != 0 and epoch != self._own_epoch
 
     async def _load(self, org_id: str, epoch: int) -> _Org:
         try:
@@ -301,14 +317,24 @@ class Registry:
             if snapshot is None:
                 return  # the writes that follow check again, as they always do
             store = None
+            caught_up = False
             try:
                 store = await self._run(org.index.build, snapshot)
                 # Writes made during the build are replayed unlocked until few are left.
                 for _ in range(CATCH_UP_ROUNDS):
-                    if await self._run(org.index.catch_up, store) <= CAUGHT_UP:
+                    replay = self._run(org.index.catch_up, store)
+                    try:
+                        replayed = await asyncio.shield(replay)
+                    except asyncio.CancelledError:
+                        await asyncio.wait([replay])  # its thread replays on: let it end first
+                        raise
+                    if replayed <= CAUGHT_UP:
                         break
+                caught_up = True
             finally:
-                await self._locked(org, org.index.finish_rebuild, store)
+                # A replay that failed or was cancelled part-way left `store` with some of
+                # the changes, which a second replay would add again: abandon it.
+                await self._locked(org, org.index.finish_rebuild, store if caught_up else None)
                 del store, snapshot
                 await self._run(release_free_memory)
             log.info("rebuilt org %s: %d vectors (%s)", org_id, org.index.size, org.index.kind)

@@ -192,3 +192,121 @@ async def test_a_failed_rebuild_waits_before_the_next_and_the_org_keeps_serving(
     await asyncio.wait_for(registry.settle(), 30)
     stats = await registry.stats("org_a", 1)
     assert (stats.vectors, stats.index_kind) == (1010, "ivf")
+
+
+async def _rebuild_with_writes_meanwhile(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch, catch_up: Any
+) -> asyncio.Task[None]:
+    """org_a past the flat threshold, its rebuild held in `build` until four more vectors
+    were written (changes to replay), with `catch_up` in place of OrgIndex.catch_up; the
+    rebuild's task once those writes are done."""
+    entered, release = threading.Event(), threading.Event()
+    build = OrgIndex.build
+
+    def held_build(self: OrgIndex, snapshot: Any) -> Any:
+        entered.set()
+        release.wait(10)
+        return build(self, snapshot)
+
+    monkeypatch.setattr(OrgIndex, "build", held_build)
+    monkeypatch.setattr(OrgIndex, "catch_up", catch_up)
+    vectors = clustered(1005, seed=11)
+    ids = [f"c{i}" for i in range(1005)]
+    await registry.upsert("org_a", 1, ids[:1001], ["conv"] * 1001, vectors[:1001])
+    await asyncio.to_thread(entered.wait, 10)
+    for i in range(1001, 1005):  # one change each
+        await registry.upsert("org_a", 1, ids[i : i + 1], ["conv"], vectors[i : i + 1])
+    release.set()
+    rebuild = registry._orgs["org_a"].rebuild
+    assert rebuild is not None
+    return rebuild
+
+
+async def test_a_replay_that_fails_part_way_abandons_the_rebuilt_store(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second replay would add the first one's changes again (a label stored twice, one
+    copy left behind by a delete): the org keeps the store every change reached."""
+    catch_up = OrgIndex.catch_up
+    calls: list[int] = []
+
+    def fails_after_one_change(self: OrgIndex, store: Any) -> int:
+        calls.append(1)
+        if len(calls) > 1:
+            return catch_up(self, store)
+        removed, added, vectors = self._changes[0]  # type: ignore[index]
+        store.remove(removed)
+        store.add(added, vectors)
+        raise MemoryError("no room for the second change")
+
+    rebuild = await _rebuild_with_writes_meanwhile(registry, monkeypatch, fails_after_one_change)
+    await asyncio.wait_for(asyncio.gather(rebuild, return_exceptions=True), 30)
+    assert calls == [1]  # not replayed a second time
+    stats = await registry.stats("org_a", 1)
+    assert (stats.vectors, stats.index_kind, stats.building) == (1005, "flat", False)
+    query = clustered(1005, seed=11)[1001:1002]
+    assert [hit.chunk_id for hit in await registry.search("org_a", 1, query, 1, [])] == ["c1001"]
+
+
+async def test_a_cancelled_replay_ends_before_the_rebuild_does(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling a rebuild (its org dropped or reloaded) does not stop its replay's thread:
+    the rebuild ends only after it, and never replays onto the same store beside it."""
+    catch_up = OrgIndex.catch_up
+    entered, release = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def slow_catch_up(self: OrgIndex, store: Any) -> int:
+        events.append("replay")
+        entered.set()
+        release.wait(10)
+        replayed = catch_up(self, store)
+        events.append("replayed")
+        return replayed
+
+    finish = OrgIndex.finish_rebuild
+
+    def recording_finish(self: OrgIndex, store: Any) -> None:
+        events.append("finish" if store is None else "finish with store")
+        finish(self, store)
+
+    monkeypatch.setattr(OrgIndex, "finish_rebuild", recording_finish)
+    rebuild = await _rebuild_with_writes_meanwhile(registry, monkeypatch, slow_catch_up)
+    await asyncio.to_thread(entered.wait, 10)
+    rebuild.cancel()
+    await asyncio.sleep(0.2)
+    assert events == ["replay"] and not rebuild.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(rebuild, 10)
+    assert events == ["replay", "replayed", "finish"]
+
+
+async def test_callers_on_another_shard_list_do_not_reload_the_org_back_and_forth() -> None:
+    """While api pods on an old and a new shard list overlap, both call the shard: the org is
+    reloaded once for a caller on the shard's own list, then served to both as it is."""
+    own, other = 11, 22
+    work, requests = ThreadPoolExecutor(2), ThreadPoolExecutor(2)
+    registry = Registry(
+        EmptySource(DIM), work, requests, flat_threshold=1000, target_recall=0.97, own_epoch=own
+    )
+    try:
+        query = clustered(1, seed=12)
+        await registry.search("org_a", other, query, 1, [])
+        assert registry.loads == 1  # not held: loaded for any caller
+        await registry.search("org_a", own, query, 1, [])
+        assert registry.loads == 2  # held under the other list: reloaded once
+        for epoch in (other, own, other, own, 0):
+            await registry.search("org_a", epoch, query, 1, [])
+        assert registry.loads == 2
+
+        without_a_list = Registry(
+            EmptySource(DIM), work, requests, flat_threshold=1000, target_recall=0.97
+        )
+        for epoch in (other, own, other):
+            await without_a_list.search("org_a", epoch, query, 1, [])
+        assert without_a_list.loads == 3  # every change of routing reloads
+    finally:
+        work.shutdown()
+        requests.shutdown()
