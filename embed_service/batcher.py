@@ -5,7 +5,10 @@
 - Tokenization runs on its own threads while the model threads compute earlier batches.
 - The worker takes every text waiting (a round), sorts them by token length so that a batch
   carries little padding, and cuts batches under a text count and a padded-token budget. Texts
-  that arrive during a round wait for the next one, so no text waits more than one round.
+  that arrive during a round wait for the next one, so no text waits more than one round,
+  except the texts of small calls (INTERACTIVE_TEXTS: a search's query, a short append's
+  windows), which go ahead of the round's next batch: on a CPU a round of indexing can take
+  minutes, past a search's deadline.
 - A caller that went away is skipped when its batch is dispatched.
 - A batch that raises fails every request with a text in it; the worker carries on.
 """
@@ -24,6 +27,12 @@ from embed_service.embedder import Embedder, TokenIds, Vectors
 from embed_service.errors import BatchFailed, NotReady, Overloaded
 
 log = logging.getLogger(__name__)
+
+
+# A call of at most this many texts is waited on by someone: a search embeds one, an append
+# of a few messages two or three windows. Between the batches of a round, those that arrived
+# since it began run first, one batch at a time, so the round still moves on.
+INTERACTIVE_TEXTS = 4
 
 
 @dataclass(frozen=True)
@@ -179,15 +188,48 @@ class Batcher:
             self._limits.batch_token_budget,
         ):
             await self._slots.acquire()
+            interactive = self._take_interactive()
+            if interactive:
+                self._start_batch(interactive)
+                await self._slots.acquire()
             self._state.round_left -= len(planned)
             # Checked again at dispatch: callers may have left while earlier batches ran.
             batch = [live[i] for i in planned if not live[i].request.future.done()]
             if not batch:
                 self._slots.release()
                 continue
-            task = asyncio.create_task(self._run_batch(batch))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._start_batch(batch)
+
+    def _take_interactive(self) -> list[_Item]:
+        """One batch of the waiting texts of small calls (INTERACTIVE_TEXTS), taken out of
+        `pending`, shortest first; empty if there are none."""
+        state = self._state
+        small = sorted(
+            (
+                it
+                for it in state.pending
+                if it.request.vectors.shape[0] <= INTERACTIVE_TEXTS and not it.request.future.done()
+            ),
+            key=lambda it: len(it.ids),
+        )
+        if not small:
+            return []
+        first = next(
+            plan_batches(
+                [len(it.ids) for it in small],
+                self._limits.batch_max_texts,
+                self._limits.batch_token_budget,
+            )
+        )
+        taken = {id(small[i]) for i in first}
+        state.pending = [it for it in state.pending if id(it) not in taken]
+        return [small[i] for i in first]
+
+    def _start_batch(self, batch: list[_Item]) -> None:
+        """Run `batch` on the model, in the slot its caller acquired."""
+        task = asyncio.create_task(self._run_batch(batch))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _run_batch(self, batch: list[_Item]) -> None:
         loop = asyncio.get_running_loop()

@@ -111,8 +111,8 @@ async def test_failed_batch_fails_every_waiter_and_worker_lives(
     batcher = make_batcher()
     blocker = await _block_model(fake, batcher)
     # A call the worker takes into a round of its own, where it waits for the model: the two
-    # calls after it then wait together for the next round, in whichever order their
-    # tokenizing ends (without it the worker could take the first before the second came).
+    # small calls after it then go ahead of it together, in whichever order their tokenizing
+    # ends (without it the worker could take the first before the second came).
     holder = asyncio.create_task(batcher.embed(["holder"]))
     await _until(lambda: batcher.waiting_texts == 1)
     for _ in range(3):
@@ -125,7 +125,10 @@ async def test_failed_batch_fails_every_waiter_and_worker_lives(
     assert (await holder)[0, 0] == len("holder")
     results = await asyncio.gather(poisoned, neighbour, return_exceptions=True)
     assert all(isinstance(r, BatchFailed) for r in results)
-    assert sorted(fake.batches[-1]) == ["bad!", "fine", "neighbour"]
+    assert [sorted(batch) for batch in fake.batches[1:]] == [
+        ["bad!", "fine", "neighbour"],
+        ["holder"],
+    ]
     assert batcher.alive
     after = await batcher.embed(["after"])
     assert after[0, 0] == len("after")
@@ -145,6 +148,25 @@ async def test_batches_are_sorted_by_length_under_the_token_budget(
     assert vectors[:, 0].tolist() == [5, 1, 3, 2, 4, 1]
     # Padded cost = texts x longest <= 12, at most 3 texts, shortest first.
     assert fake.batches[1:] == [["b", "f", "dd"], ["ccc", "eeee"], ["aaaaa"]]
+
+
+async def test_a_small_call_goes_ahead_of_the_rest_of_a_round(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    """A search's one text, arriving while a round of indexing waits for the model, runs
+    before that round's next batch, not after its last: on a CPU a round can take minutes."""
+    batcher = make_batcher(batch_max_texts=2)
+    blocker = await _block_model(fake, batcher)
+    bulk_texts = ["a1", "a2", "a3", "a4", "a5", "a6"]
+    bulk = asyncio.create_task(batcher.embed(bulk_texts))
+    # The round has taken the bulk call's texts and waits for the model.
+    await _until(lambda: batcher.waiting_texts == 6 and not batcher._state.pending)
+    query = asyncio.create_task(batcher.embed(["q"]))
+    await _until(lambda: batcher.waiting_texts == 7)
+    fake.gate.set()
+    await asyncio.gather(blocker, bulk, query)
+    assert fake.batches == [["blocker"], ["q"], ["a1", "a2"], ["a3", "a4"], ["a5", "a6"]]
+    assert (await query)[0].tolist() == [1, ord("q"), 0, 0]
 
 
 async def test_close_fails_waiting_callers_and_refuses_new_ones(
