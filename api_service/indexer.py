@@ -348,7 +348,8 @@ class Indexer:
             for org_id in sorted(orgs):
                 try:
                     async with self._pool.acquire() as conn:
-                        await lexical.keep_stats(conn, org_id)
+                        if not await lexical.keep_stats(conn, org_id):
+                            self._orgs_changed.add(org_id)  # held by a delete or a replica
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     log.warning("indexer: term statistics not refreshed (%s)", type(exc).__name__)
                     self._orgs_changed.add(org_id)

@@ -93,15 +93,17 @@ async def stats_chunk_count(conn: Conn, org_id: str) -> int | None:
     return None if count is None else int(count)
 
 
-async def keep_stats(conn: Conn, org_id: str) -> None:
-    """Recount a large org's term statistics if they have drifted; drop a small org's."""
+async def keep_stats(conn: Conn, org_id: str) -> bool:
+    """Recount a large org's term statistics if they have drifted; drop a small org's. False
+    if a recount was due and could not start (`refresh_stats`): try again later."""
     count = await chunk_count(conn, org_id)
     taken = await stats_chunk_count(conn, org_id)
     if count < EXACT_BELOW:
         if taken is not None:
             await conn.execute("DELETE FROM lexical_stats WHERE org_id = $1", org_id)  # cascades
     elif taken is None or stats_drifted(count, taken):
-        await refresh_stats(conn, org_id)
+        return await refresh_stats(conn, org_id)
+    return True
 
 
 def stats_drifted(count: int, taken: int) -> bool:

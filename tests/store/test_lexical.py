@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
@@ -306,7 +306,8 @@ async def test_a_delete_and_a_recount_of_one_org_do_not_overlap(database_url: st
     recounting = await asyncpg.connect(database_url)
     deleting = await asyncpg.connect(database_url)
     try:
-        await _seed(recounting, "org_overlap", {"conv": [f"{FILLER}; {i}" for i in range(10)]})
+        chunks = [f"{FILLER}; {i}" for i in range(lexical.EXACT_BELOW)]
+        await _seed(recounting, "org_overlap", {"conv": chunks})
         delete = deleting.transaction()
         async with recounting.transaction():
             assert await recounting.fetchval(
@@ -320,12 +321,43 @@ async def test_a_delete_and_a_recount_of_one_org_do_not_overlap(database_url: st
             await asyncio.sleep(0.2)
             assert not forget.done()
         await asyncio.wait_for(forget, 5)  # the recount's transaction ended
-        assert not await lexical.refresh_stats(recounting, "org_overlap")
+        assert not await lexical.keep_stats(recounting, "org_overlap")  # due, and held
         await delete.commit()
-        assert await lexical.refresh_stats(recounting, "org_overlap")
+        assert await lexical.keep_stats(recounting, "org_overlap")
+        assert await lexical.stats_chunk_count(recounting, "org_overlap") == lexical.EXACT_BELOW
     finally:
         for conn in (recounting, deleting):
             await conn.close()
+
+
+async def test_the_indexer_tries_again_a_recount_that_could_not_start(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcomes = [False, True]
+    kept: list[str] = []
+
+    async def keep_stats(conn: asyncpg.Connection, org_id: str) -> bool:
+        kept.append(org_id)
+        return outcomes.pop(0) if outcomes else True
+
+    monkeypatch.setattr(lexical, "keep_stats", keep_stats)
+    monkeypatch.setattr(indexer, "STATS_CHECK_SECONDS", 0.01)
+    async with _flushing_indexer(database_url) as (_, worker, _flush):
+        worker._orgs_changed.add("org_held")
+        task = asyncio.create_task(worker._keep_term_stats())
+        try:
+            await _until_true(lambda: len(kept) >= 2)
+        finally:
+            task.cancel()
+    assert kept[:2] == ["org_held", "org_held"] and not worker._orgs_changed
+
+
+async def _until_true(predicate: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never held")
 
 
 async def test_org_wide_search_of_common_words_matches_chunks_holding_both_first(
