@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -123,20 +123,21 @@ class Registry:
         shard does not hold it."""
         org = await self._ensure(org_id, epoch)
         size = len(chunk_ids)
-        if size <= INLINE_WRITE and org.index.write_bound(size) <= INLINE_VECTORS:
-            async with org.lock:
-                count = org.index.upsert(chunk_ids, conversation_ids, vectors, versions)
-        else:
-            pool = self._requests if size <= REQUEST_SIZED_WRITE else self._work
-            count = await self._locked(
-                org,
-                org.index.upsert,
-                chunk_ids,
-                conversation_ids,
-                vectors,
-                versions,
-                executor=pool,
-            )
+        with self._dropped_if_broken(org_id, org):
+            if size <= INLINE_WRITE and org.index.write_bound(size) <= INLINE_VECTORS:
+                async with org.lock:
+                    count = org.index.upsert(chunk_ids, conversation_ids, vectors, versions)
+            else:
+                pool = self._requests if size <= REQUEST_SIZED_WRITE else self._work
+                count = await self._locked(
+                    org,
+                    org.index.upsert,
+                    chunk_ids,
+                    conversation_ids,
+                    vectors,
+                    versions,
+                    executor=pool,
+                )
         self._maybe_rebuild(org_id, org)
         return count
 
@@ -145,11 +146,27 @@ class Registry:
     ) -> int:
         """Remove chunks by id and by conversation."""
         org = await self._ensure(org_id, epoch)
-        count = await self._locked(
-            org, org.index.delete, chunk_ids, conversation_ids, executor=self._requests
-        )
+        with self._dropped_if_broken(org_id, org):
+            count = await self._locked(
+                org, org.index.delete, chunk_ids, conversation_ids, executor=self._requests
+            )
         self._maybe_rebuild(org_id, org)
         return count
+
+    @contextlib.contextmanager
+    def _dropped_if_broken(self, org_id: str, org: _Org) -> Iterator[None]:
+        """A write that fails part-way (FAISS out of memory, say) may leave the org's ids and
+        its store out of step; the org is dropped, and loaded afresh from PostgreSQL, which
+        holds every write, by the next request, while the caller retries."""
+        try:
+            yield
+        except Exception:
+            if self._orgs.get(org_id) is org:
+                del self._orgs[org_id]
+                if org.rebuild is not None:
+                    org.rebuild.cancel()
+                log.exception("a write to org %s failed; it reloads on its next request", org_id)
+            raise
 
     async def search(
         self,

@@ -310,3 +310,24 @@ async def test_callers_on_another_shard_list_do_not_reload_the_org_back_and_fort
     finally:
         work.shutdown()
         requests.shutdown()
+
+
+async def test_a_write_that_fails_part_way_drops_the_org_to_be_loaded_afresh(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced vector removed from the store and its new one never added: the org's ids
+    and store disagree, so the org goes, and the next request loads it from the source."""
+    vectors = clustered(3, seed=13)
+    await registry.upsert("org_a", 1, ["c0", "c1"], ["conv"] * 2, vectors[:2])
+    store = registry._orgs["org_a"].index._store
+
+    def full(*args: Any) -> None:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(store, "add", full)
+    with pytest.raises(MemoryError):
+        await registry.upsert("org_a", 1, ["c0"], ["conv"], vectors[2:3], [2])
+    assert "org_a" not in registry._orgs
+    loads = registry.loads
+    await registry.search("org_a", 1, vectors[:1], 1, [])
+    assert registry.loads == loads + 1
