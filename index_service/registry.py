@@ -234,7 +234,7 @@ class Registry:
         for org_id in org_ids:
             try:
                 await self._ensure(org_id, epoch)
-            except Unavailable:
+            except Exception:  # one org's failure must not keep the others from loading
                 log.exception("preloading org %s failed; it will load on first request", org_id)
 
     async def settle(self) -> None:

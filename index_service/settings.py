@@ -24,7 +24,7 @@ class IndexSettings(BaseSettings):
     dim: int = Field(default=768, ge=1, le=65536, description="Vector dimensions.")
     flat_threshold: int = Field(
         default=20_000,
-        ge=1,
+        ge=16,  # an IVF index has at least 16 lists, each trained on one vector at least
         description="Orgs with up to this many vectors use exact flat search; larger ones an "
         "IVF index.",
     )

@@ -126,3 +126,13 @@ def test_shard_name_must_be_listed() -> None:
     settings = IndexSettings(port=0, database_url=None, shards=["a"], shard_name="b")
     with pytest.raises(ValueError, match="INDEX_SHARD_NAME"):
         asyncio.run(start_server(settings))
+
+
+def test_a_flat_threshold_too_small_for_an_ivf_index_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from index_service.settings import IndexSettings
+
+    with pytest.raises(ValidationError, match="flat_threshold"):
+        IndexSettings(flat_threshold=15)
+    assert IndexSettings(flat_threshold=16).flat_threshold == 16

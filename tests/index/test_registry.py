@@ -14,6 +14,7 @@ import pytest
 from index_service import registry as registry_module
 from index_service.main import EmptySource
 from index_service.org_index import OrgIndex
+from index_service.rebuild import OrgRows
 from index_service.registry import Registry
 from tests.index.helpers import DIM, clustered
 
@@ -331,3 +332,31 @@ async def test_a_write_that_fails_part_way_drops_the_org_to_be_loaded_afresh(
     loads = registry.loads
     await registry.search("org_a", 1, vectors[:1], 1, [])
     assert registry.loads == loads + 1
+
+
+async def test_one_org_failing_to_preload_keeps_no_other_from_loading(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Read fine, its index not built (FAISS refusing, memory running out): the org is left
+    to load on its first request, and the next one preloads."""
+    from_rows = OrgIndex.from_rows
+
+    def refusing(chunk_ids: list[str], *args: Any, **kwargs: Any) -> OrgIndex:
+        if chunk_ids == ["c_broken"]:
+            raise MemoryError("no room for this org")
+        return from_rows(chunk_ids, *args, **kwargs)
+
+    class Rows(EmptySource):
+        async def load(self, org_id: str) -> Any:
+            ids = ["c_broken"] if org_id == "org_broken" else ["c_fine"]
+            return OrgRows(ids, ["conv"], clustered(1, seed=14), [1])
+
+    monkeypatch.setattr(OrgIndex, "from_rows", refusing)
+    work, requests = ThreadPoolExecutor(2), ThreadPoolExecutor(2)
+    registry = Registry(Rows(DIM), work, requests, flat_threshold=1000, target_recall=0.97)
+    try:
+        await registry.preload(["org_broken", "org_fine"], 1)
+        assert list(registry._orgs) == ["org_fine"]
+    finally:
+        work.shutdown()
+        requests.shutdown()
