@@ -136,17 +136,23 @@ class Indexer:
         ]
 
     async def stop(self) -> None:
-        unfinished = list(self._own.values())
+        held = self._leases.held()  # taken first: the cancelled tasks release their jobs
         for task in [*self._tasks, *self._own]:
             task.cancel()
         for task in [*self._tasks, *self._own]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if unfinished:  # hand them back now rather than when their lease runs out
+        # The appends' jobs and the background batch's, handed back now rather than when
+        # their lease runs out; one another worker has leased since (a later attempt) is
+        # left to it.
+        if held:
             with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 await self._pool.execute(
-                    "UPDATE index_outbox SET run_after = now() WHERE job_id = ANY($1::bigint[])",
-                    unfinished,
+                    """UPDATE index_outbox o SET run_after = now()
+                         FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
+                        WHERE o.job_id = h.job_id AND o.attempts = h.attempts""",
+                    list(held),
+                    list(held.values()),
                 )
 
     def notify(self) -> None:
@@ -205,6 +211,8 @@ class Indexer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         searchable: asyncio.Future[bool] = loop.create_future()
+        # Queued with attempts 0 and leased to this append; kept so while it is indexed here.
+        self._leases.hold({queued.job_id: 0})
         task = asyncio.create_task(self._index_own(queued, searchable, embedding))
         self._own[task] = queued.job_id
         task.add_done_callback(self._own.pop)
@@ -252,8 +260,6 @@ class Indexer:
             _Chunk(chunk_id, queued.conversation_id, version, text, None)
             for chunk_id, version, text in queued.chunks
         ]
-        # Queued with attempts 0 and leased to this append; kept so while it lasts.
-        self._leases.hold({queued.job_id: 0})
         try:
             vectors = None
             if embedding is not None:
@@ -553,6 +559,10 @@ class _Leases:
 
     def hold(self, attempts: dict[int, int]) -> None:
         self._held.update(attempts)
+
+    def held(self) -> dict[int, int]:
+        """The jobs held now: job id -> the attempt that leased it."""
+        return dict(self._held)
 
     async def release(self, job_ids: list[int]) -> None:
         async with self._lock:

@@ -189,6 +189,32 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
     assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(4)]
 
 
+async def test_a_stopping_worker_hands_back_the_jobs_it_was_indexing(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that stops mid-batch makes its jobs due at once, for another worker, rather
+    than a lease later."""
+    async with running_service(database_url, indexer_enabled=False) as writer:
+        _, key = await writer.org_with_key()
+        async with writer.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            assert (await say(http, cid, "handed back")).status_code == 200
+    slowed_embedding(monkeypatch, 30.0)
+    conn = await asyncpg.connect(database_url)
+    leased = "SELECT bool_and(run_after > now() + interval '30 seconds') FROM index_outbox"
+    try:
+        async with running_service(database_url, append_index_wait_seconds=0):
+            for _ in range(200):  # the background worker leases the job and starts on it
+                if await conn.fetchval(leased):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the job was never leased")
+        assert await conn.fetchval("SELECT bool_and(run_after <= now()) FROM index_outbox")
+    finally:
+        await conn.close()
+
+
 async def test_an_append_indexing_past_its_lease_keeps_it_from_another_replica(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
