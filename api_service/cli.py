@@ -63,6 +63,26 @@ def cmd_org_set(settings: ApiSettings, args: argparse.Namespace) -> None:
     on_database(settings, work)
 
 
+def cmd_org_delete(settings: ApiSettings, args: argparse.Namespace) -> None:
+    if args.confirm != args.name:
+        raise CliError(
+            f"deleting {args.name!r} removes all its data for good; to go ahead, repeat its "
+            f"name: memctl org delete {args.name} --confirm {args.name}"
+        )
+
+    async def work(conn: Conn) -> None:
+        deleted = await admin.delete_org(conn, args.name)
+        if deleted is None:
+            raise CliError(f"no organization named {args.name!r}")
+        print(
+            f"deleted organization {args.name} ({deleted.org_id}): {deleted.conversations} "
+            f"conversations, {deleted.messages} messages, its keys and usage; the index "
+            "shards drop its vectors as the indexer works through the outbox"
+        )
+
+    on_database(settings, work)
+
+
 def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
     async def work(conn: Conn) -> None:
         plan = await admin.upsert_plan(
@@ -268,6 +288,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="also redact emails and phone numbers (secrets always are)",
     )
     org_set.set_defaults(run=cmd_org_set)
+    org_delete = _command(
+        org,
+        "delete",
+        "delete an organization and all its data",
+        "Deletes its conversations, messages, chunks and vectors, keys, usage and term "
+        "statistics at once, for good; its keys stop working. The index shards drop its "
+        "vectors as the API's indexer works through the outbox.",
+    )
+    org_delete.add_argument("name", help="organization name")
+    org_delete.add_argument(
+        "--confirm", metavar="NAME", help="the organization's name again, to confirm"
+    )
+    org_delete.set_defaults(run=cmd_org_delete)
 
     plan = _command(sub, "plan", "manage plans (limits)").add_subparsers(
         dest="plan_command", required=True, metavar="ACTION"

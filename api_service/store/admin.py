@@ -34,6 +34,37 @@ async def set_redact_pii(conn: Conn, name: str, enabled: bool) -> bool:
     return done is not None
 
 
+@dataclass(frozen=True)
+class DeletedOrg:
+    org_id: str
+    conversations: int
+    messages: int
+
+
+async def delete_org(conn: Conn, name: str) -> DeletedOrg | None:
+    """Delete the organization named `name` and everything it holds, in one transaction: its
+    conversations (their messages, chunks and stored vectors with them), keys, usage and
+    term statistics. Each conversation's vectors leave the index shards through the outbox,
+    as a deleted conversation's do. None if there is no such organization.
+
+    The org's row is locked first: a write that committed before is deleted with the rest,
+    and one under way is refused at its charge, which finds no org row."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            "SELECT org_id, conversation_count, message_count FROM orgs WHERE name = $1 FOR UPDATE",
+            name,
+        )
+        if row is None:
+            return None
+        await conn.execute(
+            "INSERT INTO index_outbox (org_id, kind, conversation_id) "
+            "SELECT org_id, 'delete', conversation_id FROM conversations WHERE org_id = $1",
+            row["org_id"],
+        )
+        await conn.execute("DELETE FROM orgs WHERE org_id = $1", row["org_id"])
+    return DeletedOrg(row["org_id"], row["conversation_count"], row["message_count"])
+
+
 async def org_by_name(conn: Conn, name: str) -> Org | None:
     row = await conn.fetchrow(
         "SELECT org_id, name, plan, created_at FROM orgs WHERE name = $1", name

@@ -8,11 +8,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
+import grpc
 import pytest
 
 from api_service import auth, devstack
 from api_service.core.errors import Forbidden
+from api_service.store import lexical
 from api_service.store.db import create_pool
+from index_service.routing import routing_epoch
+from memory_proto import index_pb2, index_pb2_grpc
+from tests.api.harness import outbox_drained, running_service, say
+
+# Every table that holds an organization's rows.
+ORG_TABLES = (
+    "orgs",
+    "api_keys",
+    "conversations",
+    "messages",
+    "chunks",
+    "chunk_vectors",
+    "usage",
+    "lexical_stats",
+    "lexeme_df",
+)
 
 
 def memctl(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -107,6 +126,73 @@ def test_a_bad_setting_is_named_without_its_value(database_url: str) -> None:
     )
     assert failed.returncode == 1 and "invalid setting: db_pool_max" in failed.stderr
     assert "Traceback" not in failed.stderr and "s3cret" not in failed.stderr
+
+
+async def test_org_delete_leaves_nothing_of_the_org(database_url: str) -> None:
+    """Deleted with memctl: no row of the org is left in any table, its key is refused, and
+    once the outbox drains no shard holds a vector of it. Another org is untouched."""
+    async with running_service(database_url) as service:
+        org_id, key = await service.org_with_key()
+        _, other_key = await service.org_with_key()
+        conn = await asyncpg.connect(database_url)
+        try:
+            name = await conn.fetchval("SELECT name FROM orgs WHERE org_id = $1", org_id)
+            for http_key, words in ((key, "zanzibar codeword"), (other_key, "kept words")):
+                async with service.rest(http_key) as http:
+                    for _ in range(2):
+                        cid = (await http.post("/api/v1/conversations", json={})).json()
+                        # 2 x 750 messages: 500 chunks, an org with term statistics.
+                        for part in range(3):
+                            messages = [
+                                {"role": "user", "content": f"{words} {part}.{n}"}
+                                for n in range(250)
+                            ]
+                            r = await http.post(
+                                "/api/v1/messages",
+                                json={**cid, "messages": messages},
+                            )
+                            assert r.status_code == 200, r.text
+                    assert (await say(http, cid["conversation_id"], words)).status_code == 200
+            await outbox_drained(database_url)
+            assert await lexical.keep_stats(conn, org_id)
+            await conn.execute(
+                "INSERT INTO usage (org_id, month, requests) "
+                "VALUES ($1, date_trunc('month', now())::date, 1) ON CONFLICT DO NOTHING",
+                org_id,
+            )
+            for table in ORG_TABLES:
+                held = await conn.fetchval(
+                    f"SELECT count(*) FROM {table} WHERE org_id = $1", org_id
+                )
+                assert held > 0, table
+
+            unconfirmed = memctl(database_url, "org", "delete", name)
+            assert unconfirmed.returncode == 1 and f"--confirm {name}" in unconfirmed.stderr
+            deleted = memctl(database_url, "org", "delete", name, "--confirm", name)
+            assert deleted.returncode == 0, deleted.stderr
+            assert f"deleted organization {name} ({org_id}): 2 conversations" in deleted.stdout
+            await outbox_drained(database_url)
+
+            for table in ORG_TABLES:
+                left = await conn.fetchval(
+                    f"SELECT count(*) FROM {table} WHERE org_id = $1", org_id
+                )
+                assert left == 0, table
+            async with service.rest(key) as http:
+                assert (await http.get("/api/v1/conversations")).status_code == 401
+            shards = service.settings.index_shards
+            async with grpc.aio.insecure_channel(shards[0]) as channel:
+                stats = await index_pb2_grpc.IndexServiceStub(channel).Stats(
+                    index_pb2.StatsRequest(org_id=org_id, routing_epoch=routing_epoch(shards))
+                )
+            assert stats.vectors == 0
+            async with service.rest(other_key) as http:
+                found = (await http.get("/api/v1/search", params={"q": "kept words"})).json()
+            assert found["total"] > 0
+            gone = memctl(database_url, "org", "delete", name, "--confirm", name)
+            assert gone.returncode == 1 and "no organization named" in gone.stderr
+        finally:
+            await conn.close()
 
 
 def test_help_documents_every_command(database_url: str) -> None:
