@@ -44,6 +44,10 @@ LEASE_SECONDS = 60
 MAX_BACKOFF_SECONDS = 60.0
 POLL_SECONDS = 1.0
 STATS_CHECK_SECONDS = 10.0
+# Appends whose own indexing may be under way at once in a process. Past it (appends outpacing
+# the model, on a CPU) a new append leaves its job to the outbox at once, for the background
+# workers of every replica, rather than holding its texts in memory here behind the others.
+OWN_INDEXING_LIMIT = 128
 FLUSH_SECONDS = 1.0
 DONE_REMEMBERED = 10_000
 # Status codes of a call whose service did not answer: refused, or silent past the deadline.
@@ -157,6 +161,12 @@ class Indexer:
 
     def notify(self) -> None:
         self._wake.set()
+
+    @property
+    def busy(self) -> bool:
+        """Whether appends' own indexing is at OWN_INDEXING_LIMIT: a new append then leaves
+        its job to the background workers."""
+        return len(self._own) >= OWN_INDEXING_LIMIT
 
     def embed_ahead(self, texts: Sequence[str]) -> asyncio.Future[Vectors]:
         """Start embedding an append's chunk texts while its transaction commits."""

@@ -452,7 +452,11 @@ class MemoryService:
                     text=chunking.chunk_text(lines[s] for s in range(start, end + 1)),
                 )
             )
-        indexer = self._indexer if self._append_wait > 0 else None
+        # Indexed by this write itself, its job leased to it, unless it is not to wait or
+        # the indexer is busy with other writes' (then the job is due for any worker at once).
+        indexer = self._indexer
+        if self._append_wait <= 0 or (indexer is not None and indexer.busy):
+            indexer = None
         if indexer is not None:
             ahead.append(indexer.embed_ahead([c.text for c in chunks]))
         leased = indexer.lease_seconds if indexer is not None else 0.0
@@ -464,11 +468,9 @@ class MemoryService:
     async def _await_indexing(self, queued: QueuedChunks, ahead: list[asyncio.Future[Any]]) -> None:
         if self._indexer is None:
             return
-        if self._append_wait <= 0:
+        if not ahead:  # left to the background workers (`_write_windows`)
             self._indexer.notify()
-        elif not await self._indexer.index_now(
-            queued, self._append_wait, ahead[0] if ahead else None
-        ):
+        elif not await self._indexer.index_now(queued, self._append_wait, ahead[0]):
             # Committed all the same; the indexer finishes the job later.
             log.warning(
                 "indexing not done within %.1fs; continuing in the background", self._append_wait

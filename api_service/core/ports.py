@@ -29,6 +29,12 @@ class Indexing(Protocol):
     # How long a job queued for the caller to index itself is kept from the background worker.
     lease_seconds: float
 
+    @property
+    def busy(self) -> bool:
+        """Whether a write should leave its job to the background workers rather than index
+        it itself (too many writes' own indexing under way)."""
+        ...
+
     def notify(self) -> None:
         """New outbox jobs were committed."""
         ...

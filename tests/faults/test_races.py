@@ -189,6 +189,31 @@ async def test_a_batch_longer_than_its_lease_is_not_taken_by_another_replica(
     assert sorted(embedded) == [f"[user]: renewed lease {n}" for n in range(4)]
 
 
+async def test_appends_past_the_own_indexing_limit_leave_their_jobs_to_the_workers(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its appends' own indexing at the limit, the process indexes a new append's
+    chunks in the background, from the outbox, and the append answers at once."""
+    monkeypatch.setattr(indexer, "OWN_INDEXING_LIMIT", 0)
+    own: list[int] = []
+    index_now = indexer.Indexer.index_now
+
+    async def counted(self: indexer.Indexer, queued: Any, *args: Any) -> bool:
+        own.append(queued.job_id)
+        return await index_now(self, queued, *args)
+
+    monkeypatch.setattr(indexer.Indexer, "index_now", counted)
+    async with running_service(database_url) as service:
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            for n in range(3):
+                assert (await say(http, cid, f"left to the outbox {n}")).status_code == 200
+            await outbox_drained(database_url)
+            found = (await http.get("/api/v1/search", params={"q": "left to the outbox"})).json()
+    assert own == [] and found["total"] == 1
+
+
 async def test_a_stopping_worker_hands_back_the_jobs_it_was_indexing(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
