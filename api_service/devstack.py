@@ -172,6 +172,13 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         # ignored, for the services too.
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _stop_on_signal)
+    if settings.database_url and not args.use_database_url:
+        raise CliError(
+            "DATABASE_URL is set: memctl up would migrate that database, add an organization "
+            "'dev' with a key to it, and index its outbox into a shard on this machine. Unset "
+            "it to use the embedded PostgreSQL under MEMORY_DATA_DIR, or pass "
+            "--use-database-url if it is a development database"
+        )
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
     index_address = f"127.0.0.1:{args.index_port}"
