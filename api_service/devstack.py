@@ -272,10 +272,15 @@ def _die_with_parent() -> None:
 
 
 def _service(module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # In a session of its own: the terminal's signals (Ctrl-C, SIGHUP when it closes) reach
+    # memctl alone, which stops each service with SIGTERM and waits for its graceful stop,
+    # where a SIGHUP would have killed them on the spot (the API's pending meter counts with
+    # them).
     return subprocess.Popen(  # noqa: S603 (our own modules, fixed arguments)
         [sys.executable, "-m", module],
         env=env,
         preexec_fn=_die_with_parent,
+        start_new_session=True,
     )
 
 
