@@ -229,10 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "up",
         "run api, embed and index services on loopback",
-        "Uses DATABASE_URL when set, otherwise starts PostgreSQL embedded under MEMORY_DATA_DIR "
-        "(default ./var). On first start it creates the organization 'dev' with a read+write "
-        "key, kept in MEMORY_DATA_DIR/dev-api-key, and prints the base URL, the key and an MCP "
-        "client configuration. Ctrl-C stops every service (and the embedded PostgreSQL).",
+        "Starts PostgreSQL embedded under MEMORY_DATA_DIR (default ./var), or runs on "
+        "DATABASE_URL with --use-database-url (refused without it). On first start it creates "
+        "the organization 'dev' with a read+write key, kept in MEMORY_DATA_DIR/dev-api-key, "
+        "and prints the base URL, the key and an MCP client configuration. Ctrl-C stops every "
+        "service (and the embedded PostgreSQL).",
     )
     up.add_argument("--port", type=int, default=8080, help="HTTP port of the API (default 8080)")
     up.add_argument("--embed-port", type=int, default=50051, help="embed_service gRPC port")
@@ -249,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=600.0,
         help="seconds to wait for each service to become ready",
+    )
+    up.add_argument(
+        "--use-database-url",
+        action="store_true",
+        help="run on the database at DATABASE_URL (a development one: it is migrated, gets "
+        "the 'dev' organization, and its outbox is indexed here)",
     )
     up.set_defaults(run=devstack.cmd_up)
 

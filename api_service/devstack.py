@@ -172,6 +172,13 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         # ignored, for the services too.
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _stop_on_signal)
+    if settings.database_url and not args.use_database_url:
+        raise CliError(
+            "DATABASE_URL is set: memctl up would migrate that database, add an organization "
+            "'dev' with a key to it, and index its outbox into a shard on this machine. Unset "
+            "it to use the embedded PostgreSQL under MEMORY_DATA_DIR, or pass "
+            "--use-database-url if it is a development database"
+        )
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
     index_address = f"127.0.0.1:{args.index_port}"
@@ -265,10 +272,15 @@ def _die_with_parent() -> None:
 
 
 def _service(module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # In a session of its own: the terminal's signals (Ctrl-C, SIGHUP when it closes) reach
+    # memctl alone, which stops each service with SIGTERM and waits for its graceful stop,
+    # where a SIGHUP would have killed them on the spot (the API's pending meter counts with
+    # them).
     return subprocess.Popen(  # noqa: S603 (our own modules, fixed arguments)
         [sys.executable, "-m", module],
         env=env,
         preexec_fn=_die_with_parent,
+        start_new_session=True,
     )
 
 

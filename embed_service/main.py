@@ -20,6 +20,14 @@ from memory_proto import embed_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# A client connection is closed (GOAWAY) after this long, so that callers resolve the name
+# again and spread over embed pods started since: each api pod's channel balances calls over
+# the addresses it last resolved, and a rollout would otherwise leave every api pod on the
+# pods it found first. Calls under way get the grace to finish (the indexer's deadline is
+# two minutes).
+MAX_CONNECTION_AGE_MS = 60_000
+MAX_CONNECTION_AGE_GRACE_MS = 180_000
+
 
 @dataclass
 class EmbedServer:
@@ -56,6 +64,8 @@ async def start_server(settings: EmbedSettings, embedder: Embedder | None = None
         options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+            ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
         ]
     )
     embed_pb2_grpc.add_EmbedServiceServicer_to_server(servicer, server)

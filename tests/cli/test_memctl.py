@@ -195,6 +195,14 @@ async def test_org_delete_leaves_nothing_of_the_org(database_url: str) -> None:
             await conn.close()
 
 
+def test_up_refuses_a_database_url_it_was_not_told_to_use(database_url: str) -> None:
+    """A DATABASE_URL left in the shell (production's, say) would be migrated, given a dev
+    org and key, and have its outbox indexed into a shard on this machine."""
+    refused = memctl(database_url, "up", "--embedder", "hashing")
+    assert refused.returncode == 1 and "--use-database-url" in refused.stderr
+    assert "DATABASE_URL is set" in refused.stderr and database_url not in refused.stderr
+
+
 def test_help_documents_every_command(database_url: str) -> None:
     top = memctl(database_url, "--help")
     for command in ("up", "migrate", "org", "key"):

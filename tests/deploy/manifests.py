@@ -32,8 +32,9 @@ SETTINGS_BY_IMAGE: dict[str, type[BaseSettings]] = {
     "memory-index": IndexSettings,
 }
 # Variables a manifest may set that no settings class reads: the downward-API pod name, used
-# only to build INDEX_SHARD_NAME by Kubernetes' $(VAR) expansion.
-HELPER_VARS = {"POD_NAME"}
+# only to build INDEX_SHARD_NAME by Kubernetes' $(VAR) expansion, and OpenMP's thread count,
+# which FAISS reads.
+HELPER_VARS = {"POD_NAME", "OMP_NUM_THREADS"}
 
 
 def load_yaml_docs(path: Path) -> list[Doc]:

@@ -48,6 +48,16 @@ def test_top_level_structure() -> None:
             assert source in COMPOSE_DOC.get("volumes", {}), f"{name}: volume {source}"
 
 
+@pytest.mark.parametrize(
+    "name", sorted(n for n, s in APP_SERVICES.items() if s.get("restart") == "unless-stopped")
+)
+def test_long_running_services_get_time_to_stop(name: str) -> None:
+    """Docker kills a container 10 s after SIGTERM by default, as embed_service's own grace
+    for calls under way ends: each service gets what Kubernetes gives it."""
+    grace = SERVICES[name].get("stop_grace_period", "")
+    assert grace.endswith("s") and int(grace[:-1]) >= 30, name
+
+
 @pytest.mark.parametrize("name", sorted(APP_SERVICES))
 def test_env_vars_exist_in_settings(name: str) -> None:
     service = SERVICES[name]

@@ -329,6 +329,33 @@ def test_only_the_api_reaches_the_grpc_services(name: str) -> None:
     assert [p["port"] for p in rule["ports"]] == [container["ports"][0]["name"]]
 
 
+def test_each_api_pod_balances_over_every_embed_pod() -> None:
+    """The api's channel spreads calls over the addresses the name resolves to: the embed
+    Service must be headless, and the server must close connections in time for new pods
+    to be found (embed_service.main.MAX_CONNECTION_AGE_MS)."""
+    service = one(DOCS, "Service", "embed")
+    assert service["spec"]["clusterIP"] == "None"
+    (container,) = pod_spec(one(DOCS, "Deployment", "api"))["containers"]
+    assert env_of(container)["MEMORY_EMBED_ADDRESS"]["value"] == "embed:50051"
+
+
+def test_index_threads_match_the_cpu_limit() -> None:
+    """A process sees the node's cores, not its quota: the shard's request threads and
+    FAISS's OpenMP threads are set to the container's CPU limit."""
+    (container,) = pod_spec(one(DOCS, "StatefulSet", "index"))["containers"]
+    limit = container["resources"]["limits"]["cpu"]
+    env = env_of(container)
+    assert env["INDEX_SEARCH_THREADS"]["value"] == env["OMP_NUM_THREADS"]["value"] == limit
+
+
+def test_a_stopping_api_pod_serves_until_its_endpoints_are_gone() -> None:
+    api = one(DOCS, "Deployment", "api")
+    (container,) = pod_spec(api)["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python", "-c"] and "sleep(5)" in command[2]
+    assert pod_spec(api)["terminationGracePeriodSeconds"] > 5
+
+
 def test_embed_runs_on_gpu_nodes_with_the_baked_model() -> None:
     embed = one(DOCS, "Deployment", "embed")
     spec = pod_spec(embed)

@@ -103,6 +103,38 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
             os.kill(left, signal.SIGTERM)
 
 
+def test_the_terminal_closing_stops_every_service_gracefully(tmp_path: Path) -> None:
+    """SIGHUP to memctl up's whole process group, as a closing terminal sends it: memctl
+    stops each service with SIGTERM, and the API shuts down in order (its pending meter
+    counts flushed) instead of dying of the SIGHUP."""
+    ports = [str(_free_port()) for _ in range(3)]
+    command = [sys.executable, "-m", "api_service.cli", "up", "--embedder", "hashing"]
+    command += ["--port", ports[0], "--embed-port", ports[1], "--index-port", ports[2]]
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as log:
+        up = subprocess.Popen(
+            command,
+            env={**env, "MEMORY_DATA_DIR": str(tmp_path)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's job: its own process group
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "REST:" not in log_path.read_text():  # ready: the welcome is printed
+            assert up.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        os.killpg(up.pid, signal.SIGHUP)
+        up.wait(timeout=60)
+        assert "Application shutdown complete" in log_path.read_text(), log_path.read_text()
+        assert _postgres_running(tmp_path / "postgres") is None
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
 # The ignored exception is the point: pytest reports it as unraisable.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_stop_whose_interrupt_is_lost_in_a_fork_still_stops(
