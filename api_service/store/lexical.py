@@ -160,6 +160,8 @@ async def forget_conversation(conn: Conn, org_id: str, conversation_id: str) -> 
                SELECT word.lexeme, count(*) AS chunks
                  FROM chunks c, unnest(c.text_search) AS word
                 WHERE c.org_id = $1 AND c.conversation_id = $2
+                  -- An org without statistics (under EXACT_BELOW chunks) reads nothing.
+                  AND EXISTS (SELECT 1 FROM lexical_stats s WHERE s.org_id = $1)
                 GROUP BY word.lexeme),
            dropped AS (
                DELETE FROM lexeme_df d USING gone
