@@ -24,14 +24,30 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+# While a call is under way its channel pings the server every KEEPALIVE_MS and gives the
+# connection up if no answer comes within KEEPALIVE_TIMEOUT_MS: a server whose machine is gone
+# without closing its connections (a node lost) fails the call in seconds, not at its
+# deadline (two minutes for an embedding, which the indexer then halves and retries). A
+# gRPC server takes any number of pings while a call is under way, and none are sent without
+# one.
+KEEPALIVE_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
 def _channel(address: str, *, balanced: bool = False) -> grpc.aio.Channel:
     """A channel to `address`; `balanced` spreads calls over every address the name resolves to
     (several embed_service replicas behind one DNS name) instead of pinning one connection."""
-    options = (
-        [*_CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
-        if balanced
-        else (_CHANNEL_OPTIONS)
-    )
+    options: list[tuple[str, int | str]] = [
+        *_CHANNEL_OPTIONS,
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # What gRPC waits for a ping's answer (its default, a minute, wins over the above).
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # A call waiting for its answer sends no data; pings go on regardless.
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    if balanced:
+        options.append(("grpc.lb_policy_name", "round_robin"))
     return grpc.aio.insecure_channel(address, options=options)
 
 
