@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -175,6 +175,17 @@ async def say(http: httpx.AsyncClient, conversation_id: str, content: str) -> ht
             "messages": [{"role": "user", "content": content}],
         },
     )
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 3.0) -> bool:
+    """Whether `check` comes true within `seconds`, for what happens in the background (an
+    announcement from PostgreSQL, a worker's next round)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:

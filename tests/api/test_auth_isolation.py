@@ -12,7 +12,7 @@ import pytest
 
 from api_service import auth
 from api_service.store import admin
-from tests.api.harness import Service, running_service
+from tests.api.harness import Service, eventually, running_service
 
 REST_CALLS = [
     ("GET", "/api/v1/conversations", None),
@@ -55,16 +55,6 @@ async def test_missing_invalid_expired_revoked_keys(service: Service) -> None:
         "/api/v1/conversations", headers={"Authorization": f"Bearer {expired}"}
     )
     assert "expired" in r.json()["error"]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 3.0) -> bool:
-    """Whether `check` comes true within `seconds` (PostgreSQL's announcements are async)."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
 
 
 async def test_a_key_is_kept_resolved_until_revoked(

@@ -20,7 +20,14 @@ from api_service.clients import EmbedClient, IndexRouter, Vectors
 from api_service.store import repository
 from index_service.routing import routing_epoch
 from memory_proto import index_pb2, index_pb2_grpc
-from tests.api.harness import COSINE_1, Service, outbox_drained, running_service, say
+from tests.api.harness import (
+    COSINE_1,
+    Service,
+    eventually,
+    outbox_drained,
+    running_service,
+    say,
+)
 
 
 async def _orphans(database_url: str) -> dict[str, int]:
@@ -226,15 +233,17 @@ async def test_a_stopping_worker_hands_back_the_jobs_it_was_indexing(
             assert (await say(http, cid, "handed back")).status_code == 200
     slowed_embedding(monkeypatch, 30.0)
     conn = await asyncpg.connect(database_url)
-    leased = "SELECT bool_and(run_after > now() + interval '30 seconds') FROM index_outbox"
+
+    async def leased() -> bool:  # by the background worker, which starts on it
+        return bool(
+            await conn.fetchval(
+                "SELECT bool_and(run_after > now() + interval '30 seconds') FROM index_outbox"
+            )
+        )
+
     try:
         async with running_service(database_url, append_index_wait_seconds=0):
-            for _ in range(200):  # the background worker leases the job and starts on it
-                if await conn.fetchval(leased):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the job was never leased")
+            assert await eventually(leased, seconds=10), "the job was never leased"
         assert await conn.fetchval("SELECT bool_and(run_after <= now()) FROM index_outbox")
     finally:
         await conn.close()

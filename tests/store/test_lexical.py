@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -20,6 +20,7 @@ from api_service.settings import Limits
 from api_service.store import admin, lexical
 from api_service.store.db import create_pool
 from api_service.store.records import NewMessage
+from tests.api.harness import eventually
 
 FILLER = "we talked about the weather and the garden and the plans for the weekend"
 
@@ -345,19 +346,15 @@ async def test_the_indexer_tries_again_a_recount_that_could_not_start(
     async with _flushing_indexer(database_url) as (_, worker, _flush):
         worker._orgs_changed.add("org_held")
         task = asyncio.create_task(worker._keep_term_stats())
+
+        async def tried_twice() -> bool:
+            return len(kept) >= 2
+
         try:
-            await _until_true(lambda: len(kept) >= 2)
+            assert await eventually(tried_twice, seconds=5)
         finally:
             task.cancel()
     assert kept[:2] == ["org_held", "org_held"] and not worker._orgs_changed
-
-
-async def _until_true(predicate: Callable[[], bool]) -> None:
-    for _ in range(500):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition never held")
 
 
 async def test_org_wide_search_of_common_words_matches_chunks_holding_both_first(

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,17 +54,11 @@ def test_a_fresh_stack_leaves_a_running_servers_folder_alone(tmp_path: Path) -> 
     assert (pgdata / "postmaster.pid").exists()
 
 
-@pytest.mark.parametrize(
-    ("signum", "ignored"),
-    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGHUP, True)],
-    ids=["sigterm", "sighup", "sighup-under-nohup"],
-)
-def test_memctl_up_stopped_while_starting_stops_its_postgres(
-    tmp_path: Path, signum: signal.Signals, ignored: bool
-) -> None:
-    """SIGTERM (kill) or SIGHUP (the terminal closed) before the services are up unwinds as
-    Ctrl-C does: the embedded PostgreSQL does not outlive memctl. Started under nohup, it
-    keeps SIGHUP ignored, and a SIGTERM stops it."""
+def _memctl_up(
+    tmp_path: Path, preexec_fn: Callable[[], object], *, start_new_session: bool = False
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """`memctl up` with the hashing embedder on free ports and the embedded PostgreSQL under
+    `tmp_path`, its output in a log there; the process and the log's path."""
     ports = [str(_free_port()) for _ in range(3)]
     command = [sys.executable, "-m", "api_service.cli", "up", "--embedder", "hashing"]
     command += ["--port", ports[0], "--embed-port", ports[1], "--index-port", ports[2]]
@@ -75,9 +70,28 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
             env={**env, "MEMORY_DATA_DIR": str(tmp_path)},
             stdout=log,
             stderr=subprocess.STDOUT,
-            # Set either way: this test may itself run under nohup.
-            preexec_fn=lambda: signal.signal(signum, signal.SIG_IGN if ignored else signal.SIG_DFL),
+            start_new_session=start_new_session,
+            preexec_fn=preexec_fn,
         )
+    return up, log_path
+
+
+@pytest.mark.parametrize(
+    ("signum", "ignored"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGHUP, True)],
+    ids=["sigterm", "sighup", "sighup-under-nohup"],
+)
+def test_memctl_up_stopped_while_starting_stops_its_postgres(
+    tmp_path: Path, signum: signal.Signals, ignored: bool
+) -> None:
+    """SIGTERM (kill) or SIGHUP (the terminal closed) before the services are up unwinds as
+    Ctrl-C does: the embedded PostgreSQL does not outlive memctl. Started under nohup, it
+    keeps SIGHUP ignored, and a SIGTERM stops it."""
+    # Set either way: this test may itself run under nohup.
+    up, log_path = _memctl_up(
+        tmp_path,
+        lambda: signal.signal(signum, signal.SIG_IGN if ignored else signal.SIG_DFL),
+    )
     pgdata = tmp_path / "postgres"
     try:
         deadline = time.monotonic() + 120
@@ -107,20 +121,11 @@ def test_the_terminal_closing_stops_every_service_gracefully(tmp_path: Path) -> 
     """SIGHUP to memctl up's whole process group, as a closing terminal sends it: memctl
     stops each service with SIGTERM, and the API shuts down in order (its pending meter
     counts flushed) instead of dying of the SIGHUP."""
-    ports = [str(_free_port()) for _ in range(3)]
-    command = [sys.executable, "-m", "api_service.cli", "up", "--embedder", "hashing"]
-    command += ["--port", ports[0], "--embed-port", ports[1], "--index-port", ports[2]]
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    log_path = tmp_path / "up.log"
-    with log_path.open("w") as log:
-        up = subprocess.Popen(
-            command,
-            env={**env, "MEMORY_DATA_DIR": str(tmp_path)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's job: its own process group
-            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
-        )
+    up, log_path = _memctl_up(
+        tmp_path,
+        lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        start_new_session=True,  # a terminal's job: its own process group
+    )
     try:
         deadline = time.monotonic() + 120
         while "REST:" not in log_path.read_text():  # ready: the welcome is printed
