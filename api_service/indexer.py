@@ -147,17 +147,9 @@ class Indexer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         # The appends' jobs and the background batch's, handed back now rather than when
-        # their lease runs out; one another worker has leased since (a later attempt) is
-        # left to it.
-        if held:
-            with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                await self._pool.execute(
-                    """UPDATE index_outbox o SET run_after = now()
-                         FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
-                        WHERE o.job_id = h.job_id AND o.attempts = h.attempts""",
-                    list(held),
-                    list(held.values()),
-                )
+        # their lease runs out.
+        with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            await _lease_until(self._pool, held, 0.0)
 
     def notify(self) -> None:
         self._wake.set()
@@ -587,18 +579,27 @@ class _Leases:
                     await self._renew()
 
     async def _renew(self) -> None:
-        ids, attempts = list(self._held), list(self._held.values())
+        ids = list(self._held)
         with contextlib.suppress(OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            renewed = await self._pool.fetch(
-                """UPDATE index_outbox o SET run_after = now() + make_interval(secs => $3)
-                     FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
-                    WHERE o.job_id = h.job_id AND o.attempts = h.attempts
-                RETURNING o.job_id""",
-                ids,
-                attempts,
-                LEASE_SECONDS,
-            )
-            kept = {row["job_id"] for row in renewed}
+            kept = await _lease_until(self._pool, self._held, LEASE_SECONDS)
             for job_id in ids:
                 if job_id not in kept:
                     self._held.pop(job_id, None)
+
+
+async def _lease_until(pool: asyncpg.Pool, held: dict[int, int], seconds: float) -> set[int]:
+    """Make the `held` jobs (job id -> the attempt that leased them) due `seconds` from now;
+    a job another worker has leased since (a later attempt) is left to it. The ids of the
+    jobs still held."""
+    if not held:
+        return set()
+    rows = await pool.fetch(
+        """UPDATE index_outbox o SET run_after = now() + make_interval(secs => $3)
+             FROM unnest($1::bigint[], $2::int[]) AS h(job_id, attempts)
+            WHERE o.job_id = h.job_id AND o.attempts = h.attempts
+        RETURNING o.job_id""",
+        list(held),
+        list(held.values()),
+        seconds,
+    )
+    return {row["job_id"] for row in rows}

@@ -339,13 +339,8 @@ class Registry:
                 store = await self._run(org.index.build, snapshot)
                 # Writes made during the build are replayed unlocked until few are left.
                 for _ in range(CATCH_UP_ROUNDS):
-                    replay = self._run(org.index.catch_up, store)
-                    try:
-                        replayed = await asyncio.shield(replay)
-                    except asyncio.CancelledError:
-                        await asyncio.wait([replay])  # its thread replays on: let it end first
-                        raise
-                    if replayed <= CAUGHT_UP:
+                    # Cancelled, it still waits for its replay's thread before the switch.
+                    if await _to_its_end(self._run(org.index.catch_up, store)) <= CAUGHT_UP:
                         break
                 caught_up = True
             finally:
@@ -374,14 +369,7 @@ class Registry:
         """`fn` with the org's lock held until it returns, even when the caller is cancelled
         (a gRPC deadline): its thread runs on regardless, and an OrgIndex is not thread-safe."""
         async with org.lock:
-            # The executor's own future, not a task around it: a task costs a loop iteration
-            # more on every search.
-            call = self._run(fn, *args, executor=executor)
-            try:
-                return await asyncio.shield(call)
-            except asyncio.CancelledError:
-                await asyncio.wait([call])
-                raise
+            return await _to_its_end(self._run(fn, *args, executor=executor))
 
     def _run(
         self,
@@ -393,3 +381,14 @@ class Registry:
         """`fn` on a worker thread (`work` unless told), as a future to await."""
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(executor or self._work, lambda: fn(*args, **kwargs))
+
+
+async def _to_its_end(call: asyncio.Future[T]) -> T:
+    """The result of `call`, a worker thread's future; if the caller is cancelled meanwhile,
+    the thread runs on regardless, so the cancellation waits for it to end. The executor's
+    own future, not a task around it: a task costs a loop iteration more on every search."""
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise
