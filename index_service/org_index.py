@@ -7,6 +7,7 @@ and `catch_up` run without it, as their docstrings say.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -165,15 +166,21 @@ class OrgIndex:
         self._apply(labels, np.empty(0, np.int64), np.empty((0, self.dim), np.float32))
         return int(labels.size)
 
-    def scan_bound(self, conversation_ids: list[str]) -> int:
-        """At most how many vectors a search with this filter scores: the given
-        conversations' chunks where `search` scores them alone, else the org's."""
-        if not conversation_ids:
+    def scan_bound(self, conversation_ids: list[str], nprobe: int = 0) -> int:
+        """About how many vectors a search with this filter scores: the given conversations'
+        chunks where `search` scores them alone; else a flat store's every vector, or an IVF
+        store's centroids and its probed lists at their mean length, plus the filter's chunks,
+        which `search` scores exactly where those lists held too few of them."""
+        chunks = 0
+        if conversation_ids:
+            chunks = sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
+            if self._store.kind == "flat" or chunks <= self._flat_threshold:
+                return chunks
+        if not isinstance(self._store, IvfStore):
             return self.size
-        chunks = sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
-        if self._store.kind == "flat" or chunks <= self._flat_threshold:
-            return chunks
-        return self.size  # scanned through the IVF lists, which hold every chunk
+        lists = self._store.nlist
+        probed = min(nprobe or self._store.nprobe, lists)
+        return lists + math.ceil(probed * self.size / lists) + chunks
 
     def write_bound(self, count: int) -> int:
         """About how many vectors an upsert of `count` scores: each new vector against every

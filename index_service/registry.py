@@ -29,11 +29,12 @@ CAUGHT_UP = 16
 # short enough for the event loop (below); larger ones (an indexer batch of many appends'
 # jobs, a bulk load) on the multi-threaded pool.
 REQUEST_SIZED_WRITE = 256
-# Calls that score at most this many vectors run on the event loop: a search of a small org or
-# a few conversations, an append's upsert into a flat org or one with few IVF lists (each new
-# vector is scored against every list's centroid: up to 1,024 lists for two vectors). Scoring
-# 2,048 float16 vectors takes about 0.2-0.4 ms on a 2-core Zen 3, as long as the hop to a
-# request thread and back, which it saves (docs/performance.md).
+# Calls that score at most this many vectors run on the event loop: a search of a small org, of
+# a few conversations or of an IVF org's centroids and few probed lists, an append's upsert into
+# a flat org or one with few IVF lists (each new vector is scored against every list's
+# centroid: up to 1,024 lists for two vectors). Scoring 2,048 float16 vectors takes about
+# 0.2-0.4 ms on a 2-core Zen 3, as long as the hop to a request thread and back, which it saves
+# (docs/performance.md).
 INLINE_VECTORS = 2048
 # Upserts run on the event loop only up to this many vectors (an append's windows: two for
 # one message, three for three), for their bookkeeping in Python costs microseconds a vector.
@@ -185,7 +186,7 @@ class Registry:
         threads, so that they neither hold up the shard's other calls nor queue behind each
         other on one core."""
         org = await self._ensure(org_id, epoch)
-        if org.index.scan_bound(conversation_ids) <= INLINE_VECTORS:
+        if org.index.scan_bound(conversation_ids, nprobe) <= INLINE_VECTORS:
             async with org.lock:
                 return org.index.search(query, k, conversation_ids, nprobe)
         return await self._locked(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -73,7 +74,13 @@ def test_scan_bound_counts_what_a_search_scores() -> None:
     ivf, _ = _org(3000, threshold=100)  # 75 chunks a conversation
     assert ivf.kind == "ivf"
     assert ivf.scan_bound(["conv1"]) == 75  # scored alone, exactly
-    assert ivf.scan_bound(["conv1", "conv2"]) == 3000  # through the IVF lists
+    lists, probed = ivf.lists
+    assert probed < lists
+    # The centroids, then the probed lists at their mean length.
+    assert ivf.scan_bound([]) == lists + math.ceil(probed * 3000 / lists)
+    assert ivf.scan_bound([], nprobe=lists) == lists + 3000  # every list probed
+    # Through the IVF lists, and the filter's chunks, scored alone if the lists held too few.
+    assert ivf.scan_bound(["conv1", "conv2"]) == lists + math.ceil(probed * 3000 / lists) + 150
 
 
 def test_changes_during_a_rebuild_are_replayed() -> None:

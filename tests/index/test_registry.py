@@ -133,6 +133,27 @@ async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_thr
     assert threads[1].startswith("test-request")
 
 
+async def test_an_ivf_search_runs_on_the_event_loop_where_its_probed_lists_are_short(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An IVF search scores the centroids and the lists it probes, not the whole org: with few
+    lists probed it skips the hop to a request thread, with every list probed it takes it."""
+    vectors = clustered(3000, seed=11).astype(np.float32)
+    ids = [f"c{i}" for i in range(3000)]
+    await registry.upsert("org_a", 1, ids, ["conv"] * 3000, vectors)
+    await registry.settle()
+    ivf = await registry.stats("org_a", 1)
+    assert ivf.index_kind == "ivf" and ivf.nlist + 3000 // ivf.nlist * 8 < 1000
+    threads = threads_running(monkeypatch, "search")
+    monkeypatch.setattr(registry_module, "INLINE_VECTORS", 1000)  # a third of the org
+
+    few = await registry.search("org_a", 1, vectors[5:6], 1, [], nprobe=8)
+    every = await registry.search("org_a", 1, vectors[5:6], 1, [], nprobe=ivf.nlist)
+    assert few[0].chunk_id == every[0].chunk_id == "c5"
+    assert threads[0] == threading.current_thread().name
+    assert threads[1].startswith("test-request")
+
+
 async def test_an_appends_upsert_runs_on_the_event_loop_where_its_lists_are_few(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
