@@ -22,11 +22,14 @@ class IndexSettings(BaseSettings):
         "Unset: orgs start empty and nothing survives a restart.",
     )
     dim: int = Field(default=768, ge=1, le=65536, description="Vector dimensions.")
+    # Past 4,096 vectors the calibrated IVF index scans in two thirds of the flat store's
+    # time on the e2e corpus, and half from 8k (benchmarks/e2e/flat_or_ivf.py); below it the
+    # exact scan costs at most a tenth or two of a millisecond more.
     flat_threshold: int = Field(
-        default=20_000,
+        default=4096,
         ge=16,  # an IVF index has at least 16 lists, each trained on one vector at least
         description="Orgs with up to this many vectors use exact flat search; larger ones an "
-        "IVF index.",
+        "IVF index calibrated to target_recall.",
     )
     target_recall: float = Field(
         default=0.97,

@@ -1,0 +1,144 @@
+"""Where an exact flat store and the calibrated IVF store cross, by org size: the size past which
+INDEX_FLAT_THRESHOLD should send an org to IVF.
+
+Usage: python benchmarks/e2e/flat_or_ivf.py [--sizes 1000 2000 4000 8000 16000 32000]
+
+On the e2e corpus (respelt copies, hashing embedder, the s150 questions), at each size: the
+flat store the shard keeps under its threshold (float16 codes, every vector scored) and the
+IVF store a build at that size makes (build_ivf: its lists, and the nprobe it calibrates to
+--target-recall), each searched one question at a time on one thread, as the shard's request
+threads search. The two take turns, question by question, for several rounds; each round
+keeps its p50 and the median of the rounds is reported, with the IVF store's recall@10
+against exact search (by score, as the e2e benchmark counts it). A shard Search adds the
+same gRPC call to either (about 0.6-1 ms on these machines; benchmarks/index/search_path.py).
+Writes results/flat-or-ivf-<machine>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import faiss
+import matplotlib
+import numpy as np
+from beside import K
+from recall_at_size import (
+    chunk_texts,
+    corpus_options,
+    embed,
+    machine_slug,
+    progress,
+    s150_questions,
+    save,
+    script_parser,
+)
+
+from embed_service.hashing import HashingEmbedder
+from index_service.native import single_threaded_faiss
+from index_service.stores import FlatStore, VectorStore, build_ivf, recall_by_score
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+SIZES = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000)
+
+
+def timed_p50s(stores: dict[str, VectorStore], questions: np.ndarray, rounds: int) -> dict:
+    """Each store's p50 in ms a round, the stores taking turns question by question."""
+    p50s: dict[str, list[float]] = {name: [] for name in stores}
+    for _ in range(rounds):
+        samples: dict[str, list[float]] = {name: [] for name in stores}
+        for q in questions:
+            for name, store in stores.items():
+                t0 = time.perf_counter()
+                store.search(q[None, :], K, None)
+                samples[name].append(time.perf_counter() - t0)
+        for name in stores:
+            p50s[name].append(float(np.percentile(samples[name], 50)) * 1000)
+    return p50s
+
+
+def measure_size(
+    vectors: np.ndarray, questions: np.ndarray, args: argparse.Namespace
+) -> dict[str, Any]:
+    n = len(vectors)
+    labels = np.arange(n, dtype=np.int64)
+    flat = FlatStore(vectors.shape[1])
+    flat.add(labels, vectors)
+    started = time.perf_counter()
+    ivf = build_ivf(labels, vectors, args.target_recall)
+    build_s = time.perf_counter() - started
+    best, _ = faiss.knn(questions, vectors, K, faiss.METRIC_INNER_PRODUCT)
+    found = [ivf.search(q[None, :], K, None) for q in questions]
+    recall = recall_by_score(
+        np.vstack([s for s, _ in found]), np.vstack([lab for _, lab in found]), best[:, -1:]
+    )
+    p50s = timed_p50s({"flat": flat, "ivf": ivf}, questions, args.rounds)
+    row = {
+        "vectors": n,
+        "ivf_nlist": ivf.nlist,
+        "ivf_nprobe": ivf.nprobe,
+        "ivf_recall_at_10": recall,
+        "ivf_build_s": build_s,
+        "flat_p50_ms": statistics.median(p50s["flat"]),
+        "ivf_p50_ms": statistics.median(p50s["ivf"]),
+        "rounds_p50_ms": p50s,
+    }
+    progress(
+        f"{n:,} vectors: flat {row['flat_p50_ms']:.3f} ms, IVF {row['ivf_p50_ms']:.3f} ms "
+        f"(nprobe {ivf.nprobe} of {ivf.nlist}, recall@10 {recall:.3f}, built in {build_s:.2f} s)"
+    )
+    return row
+
+
+def plot(result: dict[str, Any], path: Any) -> None:
+    rows = result["rows"]
+    sizes = [row["vectors"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(sizes, [row["flat_p50_ms"] for row in rows], marker="o", label="flat (exact)")
+    left.plot(sizes, [row["ivf_p50_ms"] for row in rows], marker="o", label="IVF, calibrated")
+    left.set_xscale("log")
+    left.set_xlabel("vectors in the org")
+    left.set_ylabel("a question's search, one thread, ms p50")
+    left.set_ylim(bottom=0)
+    left.legend()
+    right.plot(sizes, [row["ivf_recall_at_10"] for row in rows], marker="o", color="C1")
+    for row in rows:
+        right.annotate(
+            f"{row['ivf_nprobe']}/{row['ivf_nlist']}",
+            (row["vectors"], row["ivf_recall_at_10"]),
+            fontsize=8,
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+        )
+    right.set_xscale("log")
+    right.set_xlabel("vectors in the org")
+    right.set_ylabel("IVF recall@10 of the questions (nprobe / lists)")
+    fig.suptitle(f"flat or IVF by org size, e2e corpus, {result['machine']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = script_parser(__doc__)
+    corpus_options(parser, size=max(SIZES))
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="org sizes")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median p50 is kept")
+    args = parser.parse_args()
+    single_threaded_faiss()
+    questions = s150_questions(args.data)
+    progress(f"chunking and embedding {max(args.sizes):,} chunks (respelt copies)")
+    vectors = embed(chunk_texts(max(args.sizes), args.data, True), HashingEmbedder())
+    result: dict[str, Any] = {"machine": args.machine, "rounds": args.rounds, "rows": []}
+    for n in sorted(args.sizes):
+        result["rows"].append(measure_size(np.ascontiguousarray(vectors[:n]), questions, args))
+    save(result, args.out / f"flat-or-ivf-{machine_slug(args.machine)}", plot)
+
+
+if __name__ == "__main__":
+    main()
