@@ -26,6 +26,14 @@ from index_service.vectors import Labels, Matrix
 # Vectors an org may gain between `snapshot_room` and `begin_rebuild`, which waits for the
 # lock; past that, `begin_rebuild` makes room of its own under the lock.
 SNAPSHOT_SLACK = 4096
+# A filter's chunks (conversations, tags, a project) are scored alone, exactly, up to this many
+# or the flat threshold if larger: an IVF index's nprobe is calibrated for org-wide searches,
+# and a subset's 10th best lies deeper in the org's ranking than the org's own 10th. Past it
+# the probed IVF lists are searched with the filter.
+EXACT_FILTER_CHUNKS = 20_000
+# Scanning IVF lists costs about twice a vector what a flat scan does (benchmarks/e2e/
+# flat_or_ivf.py: 0.22-0.30 against 0.11-0.16 microseconds): scan_bound counts them so.
+IVF_SCAN_WEIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class OrgIndex:
     def __init__(self, dim: int, flat_threshold: int, target_recall: float) -> None:
         self.dim = dim
         self._flat_threshold = flat_threshold
+        self._exact_filter = max(flat_threshold, EXACT_FILTER_CHUNKS)
         self._target_recall = target_recall
         self._labels: dict[str, int] = {}
         self._versions: dict[str, int] = {}
@@ -167,20 +176,21 @@ class OrgIndex:
         return int(labels.size)
 
     def scan_bound(self, conversation_ids: list[str], nprobe: int = 0) -> int:
-        """About how many vectors a search with this filter scores: the given conversations'
-        chunks where `search` scores them alone; else a flat store's every vector, or an IVF
-        store's centroids and its probed lists at their mean length, plus the filter's chunks,
-        which `search` scores exactly where those lists held too few of them."""
+        """About how many vectors a search with this filter scores, in flat-scan terms: the
+        given conversations' chunks where `search` scores them alone; else a flat store's
+        every vector, or an IVF store's centroids and its probed lists at their mean length
+        (IVF_SCAN_WEIGHT times), plus the filter's chunks, which `search` scores exactly where
+        those lists held too few of them."""
         chunks = 0
         if conversation_ids:
             chunks = sum(len(self._by_conversation.get(c, ())) for c in set(conversation_ids))
-            if self._store.kind == "flat" or chunks <= self._flat_threshold:
+            if self._store.kind == "flat" or chunks <= self._exact_filter:
                 return chunks
         if not isinstance(self._store, IvfStore):
             return self.size
         lists = self._store.nlist
         probed = min(nprobe or self._store.nprobe, lists)
-        return lists + math.ceil(probed * self.size / lists) + chunks
+        return lists + IVF_SCAN_WEIGHT * math.ceil(probed * self.size / lists) + chunks
 
     def write_bound(self, count: int) -> int:
         """About how many vectors an upsert of `count` scores: each new vector against every
@@ -204,7 +214,7 @@ class OrgIndex:
             return []
         subset = np.array(sorted(allowed), dtype=np.int64)
         want = min(k, subset.size)
-        if self._store.kind == "flat" or subset.size <= self._flat_threshold:
+        if self._store.kind == "flat" or subset.size <= self._exact_filter:
             # Every allowed chunk is scored, so the ranking is exact.
             scores, labels = exact_subset(self._store, query, k, subset)
         else:

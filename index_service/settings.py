@@ -22,9 +22,9 @@ class IndexSettings(BaseSettings):
         "Unset: orgs start empty and nothing survives a restart.",
     )
     dim: int = Field(default=768, ge=1, le=65536, description="Vector dimensions.")
-    # Past 4,096 vectors the calibrated IVF index scans in two thirds of the flat store's
-    # time on the e2e corpus, and half from 8k (benchmarks/e2e/flat_or_ivf.py); below it the
-    # exact scan costs at most a tenth or two of a millisecond more.
+    # Past 4,096 vectors the calibrated IVF index scans in 0.63x the flat store's time on the
+    # e2e corpus, 0.54x at 8k and 0.41x at 12k (benchmarks/e2e/flat_or_ivf.py); below it the
+    # exact scan costs at most 0.2 ms more.
     flat_threshold: int = Field(
         default=4096,
         ge=16,  # an IVF index has at least 16 lists, each trained on one vector at least

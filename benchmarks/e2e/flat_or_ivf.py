@@ -1,23 +1,26 @@
-"""Where an exact flat store and the calibrated IVF store cross, by org size: the size past which
-INDEX_FLAT_THRESHOLD should send an org to IVF.
+"""How an exact flat store and the calibrated IVF store compare by org size: what
+INDEX_FLAT_THRESHOLD trades (exactness below it, scan time past it).
 
-Usage: python benchmarks/e2e/flat_or_ivf.py [--sizes 1000 2000 4000 8000 16000 32000]
+Usage: python benchmarks/e2e/flat_or_ivf.py [--sizes 1000 2000 ...] [--threshold 4096]
 
 On the e2e corpus (respelt copies, hashing embedder, the s150 questions), at each size: the
-flat store the shard keeps under its threshold (float16 codes, every vector scored) and the
-IVF store a build at that size makes (build_ivf: its lists, and the nprobe it calibrates to
---target-recall), each searched one question at a time on one thread, as the shard's request
-threads search. The two take turns, question by question, for several rounds; each round
-keeps its p50 and the median of the rounds is reported, with the IVF store's recall@10
-against exact search (by score, as the e2e benchmark counts it). A shard Search adds the
-same gRPC call to either (about 0.6-1 ms on these machines; benchmarks/index/search_path.py).
-Writes results/flat-or-ivf-<machine>.json and .png.
+flat store the shard keeps under its threshold (float16 codes, every vector scored), and the
+IVF store the shard holds at that size past --threshold: built (lists and calibrated nprobe)
+where the org crossed the threshold or last grew into more lists (nlist_for), then grown by
+adds to the size. A size up to the threshold gets the IVF store a build at that size makes,
+as a lower threshold would hold. Each is searched one question at a time on one thread, as
+the shard's request threads search; the two take turns, question by question, for several
+rounds; each round keeps its p50 and the median of the rounds is reported, with the IVF
+store's recall@10 against exact search (by score, as the e2e benchmark counts it). A shard
+Search adds its gRPC call to either (0.6-1 ms on these machines;
+benchmarks/index/search_path.py). Writes results/flat-or-ivf-<machine>.json and .png.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import time
 from typing import Any
 
@@ -27,8 +30,8 @@ import numpy as np
 from beside import K
 from recall_at_size import (
     chunk_texts,
-    corpus_options,
     embed,
+    index_options,
     machine_slug,
     progress,
     s150_questions,
@@ -38,12 +41,25 @@ from recall_at_size import (
 
 from embed_service.hashing import HashingEmbedder
 from index_service.native import single_threaded_faiss
-from index_service.stores import FlatStore, VectorStore, build_ivf, recall_by_score
+from index_service.stores import FlatStore, VectorStore, build_ivf, nlist_for, recall_by_score
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-SIZES = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000)
+SIZES = (1_000, 2_000, 4_000, 6_000, 8_000, 12_000, 16_000, 32_000)
+
+
+def built_at(n: int, threshold: int) -> int:
+    """The size at which the shard last built the IVF index an org of `n` vectors holds:
+    where it crossed the threshold, or later where its list count grew; `n` itself up to the
+    threshold."""
+    if n <= threshold:
+        return n
+    built = threshold + 1
+    for size in range(threshold + 2, n + 1):
+        if nlist_for(size) > nlist_for(size - 1):
+            built = size
+    return built
 
 
 def timed_p50s(stores: dict[str, VectorStore], questions: np.ndarray, rounds: int) -> dict:
@@ -68,9 +84,11 @@ def measure_size(
     labels = np.arange(n, dtype=np.int64)
     flat = FlatStore(vectors.shape[1])
     flat.add(labels, vectors)
+    built = built_at(n, args.threshold)
     started = time.perf_counter()
-    ivf = build_ivf(labels, vectors, args.target_recall)
+    ivf = build_ivf(labels[:built], vectors[:built], args.target_recall)
     build_s = time.perf_counter() - started
+    ivf.add(labels[built:], vectors[built:])
     best, _ = faiss.knn(questions, vectors, K, faiss.METRIC_INNER_PRODUCT)
     found = [ivf.search(q[None, :], K, None) for q in questions]
     recall = recall_by_score(
@@ -79,6 +97,7 @@ def measure_size(
     p50s = timed_p50s({"flat": flat, "ivf": ivf}, questions, args.rounds)
     row = {
         "vectors": n,
+        "ivf_built_at": built,
         "ivf_nlist": ivf.nlist,
         "ivf_nprobe": ivf.nprobe,
         "ivf_recall_at_10": recall,
@@ -89,7 +108,8 @@ def measure_size(
     }
     progress(
         f"{n:,} vectors: flat {row['flat_p50_ms']:.3f} ms, IVF {row['ivf_p50_ms']:.3f} ms "
-        f"(nprobe {ivf.nprobe} of {ivf.nlist}, recall@10 {recall:.3f}, built in {build_s:.2f} s)"
+        f"(nprobe {ivf.nprobe} of {ivf.nlist}, recall@10 {recall:.3f}; built at {built:,} "
+        f"in {build_s:.2f} s)"
     )
     return row
 
@@ -100,6 +120,7 @@ def plot(result: dict[str, Any], path: Any) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(sizes, [row["flat_p50_ms"] for row in rows], marker="o", label="flat (exact)")
     left.plot(sizes, [row["ivf_p50_ms"] for row in rows], marker="o", label="IVF, calibrated")
+    left.axvline(result["threshold"], color="grey", linestyle=":", label="flat threshold")
     left.set_xscale("log")
     left.set_xlabel("vectors in the org")
     left.set_ylabel("a question's search, one thread, ms p50")
@@ -118,6 +139,7 @@ def plot(result: dict[str, Any], path: Any) -> None:
     right.set_xscale("log")
     right.set_xlabel("vectors in the org")
     right.set_ylabel("IVF recall@10 of the questions (nprobe / lists)")
+    right.axvline(result["threshold"], color="grey", linestyle=":")
     fig.suptitle(f"flat or IVF by org size, e2e corpus, {result['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -126,15 +148,28 @@ def plot(result: dict[str, Any], path: Any) -> None:
 
 def main() -> None:
     parser = script_parser(__doc__)
-    corpus_options(parser, size=max(SIZES))
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="org sizes")
+    parser.add_argument(
+        "--threshold", type=int, default=4096, help="the flat threshold the IVF stores follow"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median p50 is kept")
+    index_options(parser)
     args = parser.parse_args()
     single_threaded_faiss()
     questions = s150_questions(args.data)
     progress(f"chunking and embedding {max(args.sizes):,} chunks (respelt copies)")
     vectors = embed(chunk_texts(max(args.sizes), args.data, True), HashingEmbedder())
-    result: dict[str, Any] = {"machine": args.machine, "rounds": args.rounds, "rows": []}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    result: dict[str, Any] = {
+        "machine": args.machine,
+        "commit": commit,
+        "threshold": args.threshold,
+        "target_recall": args.target_recall,
+        "rounds": args.rounds,
+        "rows": [],
+    }
     for n in sorted(args.sizes):
         result["rows"].append(measure_size(np.ascontiguousarray(vectors[:n]), questions, args))
     save(result, args.out / f"flat-or-ivf-{machine_slug(args.machine)}", plot)

@@ -54,6 +54,11 @@ def script_parser(doc: str) -> argparse.ArgumentParser:
 def corpus_options(parser: argparse.ArgumentParser, size: int) -> None:
     """The options of every script here that builds an org of the e2e corpus at one size."""
     parser.add_argument("--size", type=int, default=size, help="chunks in the org")
+    index_options(parser)
+
+
+def index_options(parser: argparse.ArgumentParser) -> None:
+    """The options of every script here that builds indexes of the e2e corpus."""
     parser.add_argument(
         "--target-recall", type=float, default=0.97, help="recall@10 the IVF is calibrated to"
     )

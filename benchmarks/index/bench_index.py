@@ -147,10 +147,11 @@ def free_port() -> int:
 class Shard:
     """A `python -m index_service` subprocess and a blocking client."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, **settings: str) -> None:
+        """`settings`: INDEX_* environment variables of this shard's own."""
         port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
-        env.update(INDEX_PORT=str(port), INDEX_LOG_LEVEL="INFO")
+        env.update(INDEX_PORT=str(port), INDEX_LOG_LEVEL="INFO", **settings)
         env.pop("INDEX_DATABASE_URL", None)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # The shard's log (index builds: lists, calibrated nprobe, times) goes with the results.

@@ -52,10 +52,14 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
             index_pb2.SearchRequest(org_id=org, query=queries[i], dim=DIM, k=10)
         )
 
-    shard = Shard(args.out / "search-path-shard.log")
+    # The org stays flat whatever its size, for the scan timed in this process is a flat one.
+    shard = Shard(args.out / "search-path-shard.log", INDEX_FLAT_THRESHOLD=str(args.vectors))
     try:
         upsert_all(shard, "tiny", vectors[:10])
         upsert_all(shard, "flat", vectors)
+        stats = shard.stub.Stats(index_pb2.StatsRequest(org_id="flat"))
+        if stats.index_kind != "flat":
+            raise SystemExit(f"the {args.vectors:,}-vector org is {stats.index_kind}, not flat")
         timings: dict[str, Callable[[int], object]] = {
             "health": lambda i: shard.stub.Health(index_pb2.IndexHealthRequest()),
             "search_10": search("tiny"),

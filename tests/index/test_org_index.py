@@ -8,7 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from index_service.org_index import SNAPSHOT_SLACK, OrgIndex
+from index_service import org_index as org_index_module
+from index_service.org_index import IVF_SCAN_WEIGHT, SNAPSHOT_SLACK, OrgIndex
 from index_service.stores import (
     MIN_NPROBE,
     MISSING,
@@ -67,20 +68,35 @@ def test_filter_is_exact_in_ivf_mode() -> None:
     assert [h.chunk_id for h in hits] == [f"c{i}" for i in expected]
 
 
-def test_scan_bound_counts_what_a_search_scores() -> None:
+def test_a_filter_past_the_flat_threshold_is_still_ranked_exactly() -> None:
+    """Up to EXACT_FILTER_CHUNKS a filter's chunks are scored alone, however low the flat
+    threshold: an IVF index's nprobe is calibrated for org-wide searches, not a subset's."""
+    org, vectors = _org(3000, threshold=100)  # 75 chunks a conversation
+    assert org.kind == "ivf"
+    chosen = ["conv3", "conv7"]  # 150 chunks, past the flat threshold
+    members = np.array([i for i in range(3000) if f"conv{i % 40}" in chosen])
+    for query in clustered(20, seed=8):
+        hits = org.search(query[None, :], 10, chosen, nprobe=16)
+        expected = members[np.argsort(-(vectors[members] @ query), kind="stable")[:10]]
+        assert [h.chunk_id for h in hits] == [f"c{i}" for i in expected]
+
+
+def test_scan_bound_counts_what_a_search_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     flat, _ = _org(400, threshold=1000)  # 40 conversations of 10 chunks
     assert flat.scan_bound([]) == 400
     assert flat.scan_bound(["conv1", "conv2", "conv2", "nobody"]) == 20
+    monkeypatch.setattr(org_index_module, "EXACT_FILTER_CHUNKS", 100)
     ivf, _ = _org(3000, threshold=100)  # 75 chunks a conversation
     assert ivf.kind == "ivf"
     assert ivf.scan_bound(["conv1"]) == 75  # scored alone, exactly
     lists, probed = ivf.lists
     assert probed < lists
-    # The centroids, then the probed lists at their mean length.
-    assert ivf.scan_bound([]) == lists + math.ceil(probed * 3000 / lists)
-    assert ivf.scan_bound([], nprobe=lists) == lists + 3000  # every list probed
+    # The centroids, then the probed lists at their mean length, weighted.
+    scanned = IVF_SCAN_WEIGHT * math.ceil(probed * 3000 / lists)
+    assert ivf.scan_bound([]) == lists + scanned
+    assert ivf.scan_bound([], nprobe=lists) == lists + IVF_SCAN_WEIGHT * 3000  # every list
     # Through the IVF lists, and the filter's chunks, scored alone if the lists held too few.
-    assert ivf.scan_bound(["conv1", "conv2"]) == lists + math.ceil(probed * 3000 / lists) + 150
+    assert ivf.scan_bound(["conv1", "conv2"]) == lists + scanned + 150
 
 
 def test_changes_during_a_rebuild_are_replayed() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -143,7 +144,7 @@ async def test_an_ivf_search_runs_on_the_event_loop_where_its_probed_lists_are_s
     await registry.upsert("org_a", 1, ids, ["conv"] * 3000, vectors)
     await registry.settle()
     ivf = await registry.stats("org_a", 1)
-    assert ivf.index_kind == "ivf" and ivf.nlist + 3000 // ivf.nlist * 8 < 1000
+    assert ivf.index_kind == "ivf" and ivf.nlist + 2 * math.ceil(8 * 3000 / ivf.nlist) < 1000
     threads = threads_running(monkeypatch, "search")
     monkeypatch.setattr(registry_module, "INLINE_VECTORS", 1000)  # a third of the org
 
