@@ -2,8 +2,10 @@
 INDEX_FLAT_THRESHOLD trades (exactness below it, scan time past it).
 
 Usage: python benchmarks/e2e/flat_or_ivf.py [--sizes 1000 2000 ...] [--threshold 4096]
+       [--embedder transformer]
 
-On the e2e corpus (respelt copies, hashing embedder, the s150 questions), at each size: the
+On the e2e corpus (respelt copies, the hashing embedder or with --embedder transformer the
+real model, as embed_service loads it; the s150 questions), at each size: the
 flat store the shard keeps under its threshold (float16 codes, every vector scored), and the
 IVF store the shard holds at that size past --threshold: built (lists and calibrated nprobe)
 where the org crossed the threshold or last grew into more lists (nlist_for), then grown by
@@ -13,7 +15,7 @@ the shard's request threads search; the two take turns, question by question, fo
 rounds; each round keeps its p50 and the median of the rounds is reported, with the IVF
 store's recall@10 against exact search (by score, as the e2e benchmark counts it). A shard
 Search adds its gRPC call to either (0.6-1 ms on these machines;
-benchmarks/index/search_path.py). Writes results/flat-or-ivf-<machine>.json and .png.
+benchmarks/index/search_path.py). Writes results/flat-or-ivf-[transformer-]<machine>.json and .png.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from recall_at_size import (
     index_options,
     machine_slug,
     progress,
+    s150_question_texts,
     s150_questions,
     save,
     script_parser,
@@ -47,6 +50,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 SIZES = (1_000, 2_000, 4_000, 6_000, 8_000, 12_000, 16_000, 32_000)
+MODEL_BATCH = 32
+
+
+def embed_with_model(texts: list[str], questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`texts` and `questions` embedded by the real model as embed_service loads it, in
+    batches of MODEL_BATCH, with progress."""
+    from embed_service.backends import load_embedder
+    from embed_service.settings import EmbedSettings
+
+    model = load_embedder(EmbedSettings(backend="transformer"))
+    out = []
+    started = time.perf_counter()
+    for start in range(0, len(texts), MODEL_BATCH):
+        out.append(model.embed(model.tokenize(texts[start : start + MODEL_BATCH])))
+        done = start + len(out[-1])
+        if (start // MODEL_BATCH) % 20 == 0 or done == len(texts):
+            rate = done / (time.perf_counter() - started)
+            progress(f"  {done:,}/{len(texts):,} ({rate:.1f} a second)")
+    asked = model.embed(model.tokenize(questions))
+    return np.vstack(out).astype(np.float32), np.asarray(asked, dtype=np.float32)
 
 
 def built_at(n: int, threshold: int) -> int:
@@ -140,7 +163,8 @@ def plot(result: dict[str, Any], path: Any) -> None:
     right.set_xlabel("vectors in the org")
     right.set_ylabel("IVF recall@10 of the questions (nprobe / lists)")
     right.axvline(result["threshold"], color="grey", linestyle=":")
-    fig.suptitle(f"flat or IVF by org size, e2e corpus, {result['machine']}")
+    embedder = result.get("embedder", "hashing")
+    fig.suptitle(f"flat or IVF by org size, e2e corpus ({embedder} embedder), {result['machine']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -153,18 +177,29 @@ def main() -> None:
         "--threshold", type=int, default=4096, help="the flat threshold the IVF stores follow"
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median p50 is kept")
+    parser.add_argument(
+        "--embedder",
+        choices=("hashing", "transformer"),
+        default="hashing",
+        help="transformer: the real model (EMBED_* settings; about 7 chunks/s on 2 cores)",
+    )
     index_options(parser)
     args = parser.parse_args()
+    texts = chunk_texts(max(args.sizes), args.data, True)
+    progress(f"embedding {len(texts):,} chunks (respelt copies) with the {args.embedder} embedder")
+    if args.embedder == "hashing":
+        vectors = embed(texts, HashingEmbedder())
+        questions = s150_questions(args.data)
+    else:
+        vectors, questions = embed_with_model(texts, s150_question_texts(args.data))
     single_threaded_faiss()
-    questions = s150_questions(args.data)
-    progress(f"chunking and embedding {max(args.sizes):,} chunks (respelt copies)")
-    vectors = embed(chunk_texts(max(args.sizes), args.data, True), HashingEmbedder())
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     result: dict[str, Any] = {
         "machine": args.machine,
         "commit": commit,
+        "embedder": args.embedder,
         "threshold": args.threshold,
         "target_recall": args.target_recall,
         "rounds": args.rounds,
@@ -172,7 +207,8 @@ def main() -> None:
     }
     for n in sorted(args.sizes):
         result["rows"].append(measure_size(np.ascontiguousarray(vectors[:n]), questions, args))
-    save(result, args.out / f"flat-or-ivf-{machine_slug(args.machine)}", plot)
+    model = "" if args.embedder == "hashing" else "transformer-"
+    save(result, args.out / f"flat-or-ivf-{model}{machine_slug(args.machine)}", plot)
 
 
 if __name__ == "__main__":

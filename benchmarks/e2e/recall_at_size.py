@@ -95,11 +95,16 @@ def chunk_texts(size: int, data: Path, respell: bool) -> list[str]:
     return texts[:size]
 
 
+def s150_question_texts(data: Path) -> list[str]:
+    """The s150 questions' text."""
+    lines = (data / "s150.questions.jsonl").read_text().splitlines()
+    return [json.loads(q)["question"] for q in lines]
+
+
 def s150_questions(data: Path) -> np.ndarray:
     """The s150 questions, embedded with the hashing embedder."""
-    lines = (data / "s150.questions.jsonl").read_text().splitlines()
     embedder = HashingEmbedder()
-    vectors = embedder.embed(embedder.tokenize([json.loads(q)["question"] for q in lines]))
+    vectors = embedder.embed(embedder.tokenize(s150_question_texts(data)))
     return vectors.astype(np.float32)
 
 
