@@ -55,21 +55,12 @@ MODEL_BATCH = 32
 
 def embed_with_model(texts: list[str], questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """`texts` and `questions` embedded by the real model as embed_service loads it, in
-    batches of MODEL_BATCH, with progress."""
+    batches of MODEL_BATCH."""
     from embed_service.backends import load_embedder
     from embed_service.settings import EmbedSettings
 
     model = load_embedder(EmbedSettings(backend="transformer"))
-    out = []
-    started = time.perf_counter()
-    for start in range(0, len(texts), MODEL_BATCH):
-        out.append(model.embed(model.tokenize(texts[start : start + MODEL_BATCH])))
-        done = start + len(out[-1])
-        if (start // MODEL_BATCH) % 20 == 0 or done == len(texts):
-            rate = done / (time.perf_counter() - started)
-            progress(f"  {done:,}/{len(texts):,} ({rate:.1f} a second)")
-    asked = model.embed(model.tokenize(questions))
-    return np.vstack(out).astype(np.float32), np.asarray(asked, dtype=np.float32)
+    return embed(texts, model, MODEL_BATCH), embed(questions, model, MODEL_BATCH)
 
 
 def built_at(n: int, threshold: int) -> int:

@@ -28,6 +28,7 @@ from beside import K
 from corpus import conversations
 
 from api_service.core.chunking import chunk_text, window_end, window_starts_touching
+from embed_service.embedder import Embedder
 from embed_service.hashing import HashingEmbedder
 from index_service.stores import NPROBE_STEPS, build_ivf, calibration_queries, recall_by_score
 
@@ -108,13 +109,15 @@ def s150_questions(data: Path) -> np.ndarray:
     return vectors.astype(np.float32)
 
 
-def embed(texts: list[str], embedder: HashingEmbedder) -> np.ndarray:
+def embed(texts: list[str], embedder: Embedder, batch: int = 10_000) -> np.ndarray:
+    """`texts` embedded `batch` at a time, with progress every tenth of them at most."""
     out = np.empty((len(texts), embedder.dim), dtype=np.float32)
-    for start in range(0, len(texts), 10_000):
-        batch = texts[start : start + 10_000]
-        out[start : start + len(batch)] = embedder.embed(embedder.tokenize(batch))
-        if start % 100_000 == 0:
-            progress(f"  embedded {start + len(batch):,}/{len(texts):,}")
+    every = max(batch, len(texts) // 10 // batch * batch)
+    for start in range(0, len(texts), batch):
+        part = texts[start : start + batch]
+        out[start : start + len(part)] = embedder.embed(embedder.tokenize(part))
+        if start % every == 0:
+            progress(f"  embedded {start + len(part):,}/{len(texts):,}")
     return out
 
 
