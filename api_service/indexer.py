@@ -52,6 +52,15 @@ FLUSH_SECONDS = 1.0
 DONE_REMEMBERED = 10_000
 # Status codes of a call whose service did not answer: refused, or silent past the deadline.
 UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Status codes of a call its service refused as given: a retry fails the same way until the
+# deployment changes (an embedding dimension the shards were not started with, a text limit
+# set below the chunks' size).
+REFUSED = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
 EMBEDDER = "embed_service"  # the name a batch's unreachable services know the embedder by
 # Embeddings at a size that a deadline forced down, after which the size doubles again (up to
 # the batch size): an overload passes, and one-text calls would otherwise stay for good.
@@ -66,6 +75,28 @@ class Job:
     conversation_id: str
     chunk_ids: list[str]
     attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The outbox as a whole: the jobs not done yet, how many of them have failed at least
+    once, and the age in seconds of the oldest (0 when none waits)."""
+
+    jobs: int
+    failing: int
+    oldest_seconds: float
+
+
+async def outbox_backlog(pool: asyncpg.Pool) -> Backlog:
+    """The outbox's backlog, across every org and replica."""
+    row = await pool.fetchrow(
+        """SELECT count(*) AS jobs,
+                  count(*) FILTER (WHERE last_error IS NOT NULL) AS failing,
+                  coalesce(extract(epoch FROM now() - min(created_at)), 0) AS oldest
+             FROM index_outbox"""
+    )
+    assert row is not None
+    return Backlog(row["jobs"], row["failing"], float(row["oldest"]))
 
 
 class Unreachable(Exception):
@@ -523,13 +554,19 @@ class Indexer:
 
     async def _retry_later(self, job: Job, exc: Exception) -> None:
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(job.attempts, 10))
-        log.warning(
-            "indexer: job %d (%s) failed on attempt %d: %s; retrying in %.1fs",
+        refused = isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REFUSED
+        # Nothing is dropped: the job waits, retried, until the deployment is put right.
+        log.log(
+            logging.ERROR if refused else logging.WARNING,
+            "indexer: job %d (%s) failed on attempt %d: %s; retrying in %.1fs%s",
             job.job_id,
             job.kind,
             job.attempts,
             _reason(exc),
             delay,
+            " (refused as sent: check that the services agree on their settings)"
+            if refused
+            else "",
         )
         await self._pool.execute(
             "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2), "

@@ -20,6 +20,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -30,7 +31,7 @@ from api_service.auth import FailedAuthThrottle, KeyCache
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
-from api_service.indexer import Indexer
+from api_service.indexer import Indexer, outbox_backlog
 from api_service.limits import Meter
 from api_service.mcp_server import build_mcp
 from api_service.rest import conversations, messages, search, usage
@@ -164,7 +165,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         throttle=FailedAuthThrottle(settings.auth_failures_per_minute, window_seconds=60.0),
         key_cache=key_cache,
     )
-    _add_metrics(app, runtime.registry)  # added last: outermost, so refusals are counted too
+    _add_metrics(app, runtime)  # added last: outermost, so refusals are counted too
     if settings.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -247,7 +248,8 @@ def _route_label(scope: Scope) -> str:
     return template
 
 
-def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
+def _add_metrics(app: FastAPI, runtime: Runtime) -> None:
+    registry = runtime.registry
     requests = Counter(
         "memory_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry
     )
@@ -279,8 +281,33 @@ def _add_metrics(app: FastAPI, registry: CollectorRegistry) -> None:
     # task group and costs about a millisecond a request.
     app.add_middleware(_HttpOnly, handle=measure)
 
+    # Read from the outbox at each scrape: the same figures on every replica.
+    outbox_jobs = Gauge(
+        "memory_index_outbox_jobs", "Index jobs not done yet, every org", registry=registry
+    )
+    outbox_failing = Gauge(
+        "memory_index_outbox_failing_jobs",
+        "Index jobs that failed at least once and wait for a retry (the log says why)",
+        registry=registry,
+    )
+    outbox_oldest = Gauge(
+        "memory_index_outbox_oldest_job_seconds",
+        "Age of the oldest index job not done yet; 0 when none waits",
+        registry=registry,
+    )
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
+        try:
+            backlog = await outbox_backlog(runtime.require_pool())
+        except (RuntimeError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            # No figure rather than a stale one; the request metrics are still served.
+            for gauge in (outbox_jobs, outbox_failing, outbox_oldest):
+                gauge.set(float("nan"))
+        else:
+            outbox_jobs.set(backlog.jobs)
+            outbox_failing.set(backlog.failing)
+            outbox_oldest.set(backlog.oldest_seconds)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -35,8 +35,23 @@ def normalize(matrix: NDArray[np.floating], *, check: bool = True) -> Matrix:
     if check and not np.isfinite(rows).all():
         bad = int(np.argwhere(~np.isfinite(rows).all(axis=1))[0][0])
         raise InvalidArgument(f"vector {bad} has a non-finite value")
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    with np.errstate(over="ignore", under="ignore"):  # such rows are measured again below
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    extreme = ~((norms[:, 0] > TINY) & (norms[:, 0] < HUGE))
+    if extreme.any():
+        # Squared in float32, components near its limits (1e20, 1e-25) overflow to infinity
+        # or vanish: such rows are first divided by their largest component.
+        peak = np.abs(rows[extreme]).max(axis=1, keepdims=True)
+        rows = rows.copy()
+        rows[extreme] /= np.where(peak > 0, peak, np.float32(1))
+        norms[extreme] = np.linalg.norm(rows[extreme], axis=1, keepdims=True)
     if check and (norms == 0).any():
         raise InvalidArgument(f"vector {int(np.argwhere(norms[:, 0] == 0)[0][0])} is all zeros")
-    out: Matrix = rows / np.maximum(norms, np.float32(1e-30))
+    norms[norms == 0] = 1  # an all-zero row, unchecked, stays as it is
+    out: Matrix = rows / norms
     return out
+
+
+# Outside these, a row's norm may have overflowed or underflowed when squared in float32.
+HUGE = np.float32(1e18)
+TINY = np.float32(1e-18)

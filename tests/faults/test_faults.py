@@ -125,6 +125,13 @@ async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[tup
         running.close()
 
 
+async def outbox_metrics(http: Any) -> dict[str, float]:
+    """The outbox gauges /metrics shows now."""
+    text = (await http.get("/metrics")).text
+    gauges = (line.split() for line in text.splitlines() if line.startswith("memory_index_outbox_"))
+    return {name: float(value) for name, value in gauges}
+
+
 async def until_search_answers(mcp: McpCaller) -> None:
     """Wait for the API's channel to reconnect to a restarted shard (its backoff is 2 s)."""
     for _ in range(100):
@@ -299,8 +306,19 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
 
             running.kill(running.index)
             assert (await http.delete(f"/api/v1/conversations/{drop}")).json() == {"deleted": True}
+            # The waiting removal shows on /metrics, as failing once its first attempt has.
+            backlog = await outbox_metrics(http)
+            for _ in range(200):
+                if backlog["memory_index_outbox_failing_jobs"] >= 1:
+                    break
+                await asyncio.sleep(0.05)
+                backlog = await outbox_metrics(http)
+            assert backlog["memory_index_outbox_failing_jobs"] == 1
+            assert backlog["memory_index_outbox_jobs"] == 1
+            assert backlog["memory_index_outbox_oldest_job_seconds"] > 0
             await running.start_index()
             await outbox_drained(database_url)
+            assert set((await outbox_metrics(http)).values()) == {0.0}
             await until_search_answers(mcp)
             found = await mcp.ok("search", query="walrus tusk")
         assert [r["conversation_id"] for r in found["results"]] == [keep]
@@ -311,6 +329,47 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
                 )
             )
         assert stats.vectors == 1
+
+
+async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_right(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard started with other dimensions than the model's refuses every upsert: the append
+    still succeeds, its job waits and is retried, the log says it was refused as sent and
+    /metrics counts it; once the shard is restarted as it should be, the job is done."""
+    running = Stack(database_url, append_index_wait_seconds=1)
+    running.index_env["INDEX_DIM"] = "384"
+    try:
+        await running.start_embed()
+        await running.start_index()
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, database_url, running.settings)
+            _, key = await service.org_with_key()
+            async with service.rest(key) as http, service.mcp(key) as mcp:
+                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                await say(http, cid, "narwhal")
+                for _ in range(200):
+                    if (await outbox_metrics(http))["memory_index_outbox_failing_jobs"]:
+                        break
+                    await asyncio.sleep(0.05)
+                assert (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] == 1
+                refused = [
+                    r
+                    for r in caplog.records
+                    if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
+                ]
+                assert refused and refused[0].levelname == "ERROR"
+                assert "INVALID_ARGUMENT" in refused[0].getMessage()
+
+                running.kill(running.index)
+                running.index_env["INDEX_DIM"] = "768"
+                await running.start_index()
+                await outbox_drained(database_url)
+                await until_search_answers(mcp)
+                found = await mcp.ok("search", query="narwhal")
+        assert [r["conversation_id"] for r in found["results"]] == [cid]
+    finally:
+        running.close()
 
 
 async def test_an_embedding_call_past_its_deadline_is_split(

@@ -205,6 +205,27 @@ async def test_invalid_arguments(case: str) -> None:
         assert (await stub.Stats(index_pb2.StatsRequest())).vectors == 0
 
 
+@pytest.mark.parametrize("scale", [3e38, 1e20, 1e-25, 1e-40])
+async def test_vectors_near_float32_limits_keep_their_direction(scale: float) -> None:
+    """Squared in float32, such components overflow to infinity or vanish; the vectors must
+    still be stored unit-length, each one nearest to itself."""
+    vectors = clustered(20, seed=9)
+    peaks = np.abs(vectors).max(axis=1, keepdims=True)
+    extreme = (vectors / peaks * np.float32(scale)).astype(np.float32)
+    assert np.isfinite(extreme).all() and (np.abs(extreme).max(axis=1) > 0).all()
+    async with shard() as (_, stub):
+        chunks = [(f"chk_{i}", "conv", extreme[i]) for i in range(20)]
+        assert (await stub.Upsert(upsert_request("org", chunks))).upserted == 20
+        for i in (0, 7, 19):
+            top = await stub.Search(search_request("org", extreme[i], 1))
+            assert top.hits[0].chunk_id == f"chk_{i}"
+            assert top.hits[0].score == pytest.approx(1.0, abs=1e-3)
+            # The same direction at an ordinary scale finds it too, with the same score.
+            top = await stub.Search(search_request("org", vectors[i], 1))
+            assert top.hits[0].chunk_id == f"chk_{i}"
+            assert top.hits[0].score == pytest.approx(1.0, abs=1e-3)
+
+
 async def test_delete_and_drop_validation() -> None:
     async with shard() as (_, stub):
         for call, request in [
