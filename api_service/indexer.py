@@ -77,10 +77,15 @@ class Job:
     attempts: int
 
 
+# The outbox's jobs are counted up to this many: a scrape's count reads one index entry a job.
+BACKLOG_COUNTED = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
-    """The outbox as a whole: the jobs not done yet, how many of them have failed at least
-    once, and the age in seconds of the oldest (0 when none waits)."""
+    """The outbox as a whole: the jobs not done yet and how many of them have failed at least
+    once (each counted up to BACKLOG_COUNTED), and the age in seconds of the oldest (0 when
+    none waits)."""
 
     jobs: int
     failing: int
@@ -90,10 +95,12 @@ class Backlog:
 async def outbox_backlog(pool: asyncpg.Pool) -> Backlog:
     """The outbox's backlog, across every org and replica."""
     row = await pool.fetchrow(
-        """SELECT count(*) AS jobs,
-                  count(*) FILTER (WHERE last_error IS NOT NULL) AS failing,
-                  coalesce(extract(epoch FROM now() - min(created_at)), 0) AS oldest
-             FROM index_outbox"""
+        """SELECT (SELECT count(*) FROM (SELECT FROM index_outbox LIMIT $1) AS j) AS jobs,
+                  (SELECT count(*) FROM (SELECT FROM index_outbox
+                                          WHERE last_error IS NOT NULL LIMIT $1) AS f) AS failing,
+                  coalesce((SELECT extract(epoch FROM now() - created_at) FROM index_outbox
+                             ORDER BY job_id LIMIT 1), 0) AS oldest""",
+        BACKLOG_COUNTED,
     )
     assert row is not None
     return Backlog(row["jobs"], row["failing"], float(row["oldest"]))
@@ -564,7 +571,8 @@ class Indexer:
             job.attempts,
             _reason(exc),
             delay,
-            " (refused as sent: check that the services agree on their settings)"
+            "; refused as sent, it fails the same way until its cause is put right (most"
+            " often services whose settings disagree)"
             if refused
             else "",
         )
@@ -578,9 +586,13 @@ class Indexer:
 
 
 def _reason(exc: Exception) -> str:
-    """What failed, for the log: the exception's type, and a gRPC call's status code."""
+    """What failed, for the log: the exception's type, a gRPC call's status code and, for a
+    call refused as sent, the service's reason (it names limits and fields, never content)."""
     if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{type(exc).__name__} {exc.code().name}"
+        reason = f"{type(exc).__name__} {exc.code().name}"
+        if exc.code() in REFUSED:
+            reason += f" ({(exc.details() or '')[:200]})"
+        return reason
     return type(exc).__name__
 
 

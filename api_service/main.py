@@ -31,7 +31,7 @@ from api_service.auth import FailedAuthThrottle, KeyCache
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
-from api_service.indexer import Indexer, outbox_backlog
+from api_service.indexer import BACKLOG_COUNTED, Indexer, outbox_backlog
 from api_service.limits import Meter
 from api_service.mcp_server import build_mcp
 from api_service.rest import conversations, messages, search, usage
@@ -44,6 +44,7 @@ from api_service.store.migrate import migrate_url
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
+OUTBOX_READ_SECONDS = 1.0  # what /metrics waits for the outbox's figures
 
 
 @dataclass
@@ -283,11 +284,14 @@ def _add_metrics(app: FastAPI, runtime: Runtime) -> None:
 
     # Read from the outbox at each scrape: the same figures on every replica.
     outbox_jobs = Gauge(
-        "memory_index_outbox_jobs", "Index jobs not done yet, every org", registry=registry
+        "memory_index_outbox_jobs",
+        f"Index jobs not done yet, every org (counted up to {BACKLOG_COUNTED:,})",
+        registry=registry,
     )
     outbox_failing = Gauge(
         "memory_index_outbox_failing_jobs",
-        "Index jobs that failed at least once and wait for a retry (the log says why)",
+        "Index jobs that failed at least once and wait for a retry (the log and "
+        f"index_outbox.last_error say why; counted up to {BACKLOG_COUNTED:,})",
         registry=registry,
     )
     outbox_oldest = Gauge(
@@ -299,9 +303,11 @@ def _add_metrics(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         try:
-            backlog = await outbox_backlog(runtime.require_pool())
-        except (RuntimeError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            # No figure rather than a stale one; the request metrics are still served.
+            # Bounded: a pool whose connections are all taken, or a database that does not
+            # answer, must not hold up the request metrics, which matter most then.
+            async with asyncio.timeout(OUTBOX_READ_SECONDS):
+                backlog = await outbox_backlog(runtime.require_pool())
+        except Exception:  # any failure: no figure rather than a stale one
             for gauge in (outbox_jobs, outbox_failing, outbox_oldest):
                 gauge.set(float("nan"))
         else:

@@ -40,15 +40,18 @@ def normalize(matrix: NDArray[np.floating], *, check: bool = True) -> Matrix:
     extreme = ~((norms[:, 0] > TINY) & (norms[:, 0] < HUGE))
     if extreme.any():
         # Squared in float32, components near its limits (1e20, 1e-25) overflow to infinity
-        # or vanish: such rows are first divided by their largest component.
-        peak = np.abs(rows[extreme]).max(axis=1, keepdims=True)
-        rows = rows.copy()
-        rows[extreme] /= np.where(peak > 0, peak, np.float32(1))
-        norms[extreme] = np.linalg.norm(rows[extreme], axis=1, keepdims=True)
+        # or vanish: such rows are first divided by their largest component (a copy of them
+        # alone; a rebuild's block holds thousands of rows).
+        odd = rows[extreme]
+        peak = np.abs(odd).max(axis=1, keepdims=True)
+        odd /= np.where(peak > 0, peak, np.float32(1))
+        norms[extreme] = np.linalg.norm(odd, axis=1, keepdims=True)
     if check and (norms == 0).any():
         raise InvalidArgument(f"vector {int(np.argwhere(norms[:, 0] == 0)[0][0])} is all zeros")
     norms[norms == 0] = 1  # an all-zero row, unchecked, stays as it is
-    out: Matrix = rows / norms
+    out: Matrix = rows / norms  # the extreme rows are replaced below, scaled
+    if extreme.any():
+        out[extreme] = odd / norms[extreme]
     return out
 
 

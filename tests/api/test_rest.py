@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 
 import asyncpg
 import pytest
 
-from api_service import timing
+from api_service import main, timing
 from tests.api.harness import Service
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -496,6 +498,29 @@ async def test_operational_endpoints(service: Service, key: str) -> None:
     routed = 'route="/api/v1/conversations/{conversation_id}",status="404"}'
     assert f'memory_http_requests_total{{method="GET",{routed}' in metrics
     assert "conv_nope" not in metrics
+
+
+async def test_metrics_answer_without_the_outbox_figures_when_its_read_hangs(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool with every connection taken, or a database that does not answer, leaves the
+    outbox gauges empty (NaN) after OUTBOX_READ_SECONDS; the request metrics still come."""
+
+    async def stuck(pool: asyncpg.Pool) -> None:
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(main, "outbox_backlog", stuck)
+    async with service.rest(None) as http:
+        await http.get("/healthz")
+        started = time.monotonic()
+        r = await http.get("/metrics")
+        took = time.monotonic() - started
+    assert r.status_code == 200
+    assert main.OUTBOX_READ_SECONDS <= took < main.OUTBOX_READ_SECONDS + 3
+    lines = r.text.splitlines()
+    gauges = [line.split() for line in lines if line.startswith("memory_index_outbox_")]
+    assert len(gauges) == 3 and all(value == "NaN" for _, value in gauges)
+    assert any(line.startswith("memory_http_requests_total{") for line in lines)
 
 
 async def test_rest_responses_say_where_their_time_went(service: Service, key: str) -> None:
