@@ -576,12 +576,15 @@ class Indexer:
             if refused
             else "",
         )
+        # An append's own attempt is not counted when the job is queued: it is here, so that
+        # the worker's first attempt is the second.
         await self._pool.execute(
             "UPDATE index_outbox SET run_after = now() + make_interval(secs => $2), "
-            "last_error = $3 WHERE job_id = $1",
+            "last_error = $3, attempts = greatest(attempts, $4) WHERE job_id = $1",
             job.job_id,
             delay,
             f"{type(exc).__name__}: {exc}"[:500],
+            job.attempts,
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -353,13 +354,23 @@ async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_
                         break
                     await asyncio.sleep(0.05)
                 assert (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] == 1
-                refused = [
-                    r
-                    for r in caplog.records
-                    if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
-                ]
-                assert refused and refused[0].levelname == "ERROR"
-                assert "INVALID_ARGUMENT" in refused[0].getMessage()
+
+                def refused() -> list[logging.LogRecord]:
+                    return [
+                        r
+                        for r in caplog.records
+                        if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
+                    ]
+
+                for _ in range(100):  # the append's own attempt, then the worker's, a second on
+                    if len(refused()) >= 2:
+                        break
+                    await asyncio.sleep(0.05)
+                assert {r.levelname for r in refused()} == {"ERROR"}
+                assert "INVALID_ARGUMENT (dim is 768" in refused()[0].getMessage()
+                # The append's own attempt counts: the worker's first is the second.
+                logged = [int(r.getMessage().split("attempt ")[1].split(":")[0]) for r in refused()]
+                assert logged[:2] == [1, 2]
 
                 running.kill(running.index)
                 running.index_env["INDEX_DIM"] = "768"
