@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -62,3 +63,16 @@ def single_threaded_faiss() -> None:
     import faiss
 
     faiss.omp_set_num_threads(1)
+
+
+@contextlib.contextmanager
+def faiss_threads(count: int) -> Iterator[None]:
+    """This thread's FAISS calls on `count` OpenMP threads for the block, then as before."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(count)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)

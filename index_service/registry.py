@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from index_service.errors import Unavailable
-from index_service.native import release_free_memory
+from index_service.native import faiss_threads, release_free_memory
 from index_service.org_index import Hit, OrgIndex, Snapshot
 from index_service.rebuild import OrgRows
+from index_service.stores import VectorStore
 from index_service.vectors import Matrix
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,14 @@ INLINE_VECTORS = 2048
 # Upserts run on the event loop only up to this many vectors (an append's windows: two for
 # one message, three for three), for their bookkeeping in Python costs microseconds a vector.
 INLINE_WRITE = 4
+# Background rebuilds of up to this many vectors run on one FAISS thread. The org serves
+# meanwhile, so their length matters little, and on a busy machine a second thread mostly
+# waits for a core, spinning. With another process busy on one of two Zen 4 cores, the
+# builds at 4,097, 8,193 and 32,769 vectors took 0.41, 1.01 and 5.5 s on two threads, for
+# 0.52, 1.23 and 6.8 s of CPU, against 0.32, 0.83 and 5.3 s on one; idle, two threads took
+# about half the time for 1-10% more CPU (benchmarks/e2e/rebuild_threads.py). Larger
+# rebuilds (131k, 524k...) use every core, as loads do, whose requests wait for them.
+SOLO_REBUILD_VECTORS = 65_536
 # After a rebuild fails, the org's next one waits this long (the org keeps its index): the
 # same snapshot would most likely fail the same way, at the cost of a whole build each time.
 REBUILD_RETRY_SECONDS = 60.0
@@ -337,7 +346,7 @@ class Registry:
             store = None
             caught_up = False
             try:
-                store = await self._run(org.index.build, snapshot)
+                store = await self._run(_build_in_background, org.index, snapshot)
                 # Writes made during the build are replayed unlocked until few are left.
                 for _ in range(CATCH_UP_ROUNDS):
                     # Cancelled, it still waits for its replay's thread before the switch.
@@ -382,6 +391,14 @@ class Registry:
         """`fn` on a worker thread (`work` unless told), as a future to await."""
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(executor or self._work, lambda: fn(*args, **kwargs))
+
+
+def _build_in_background(index: OrgIndex, snapshot: Snapshot) -> VectorStore:
+    """The store a rebuild switches to, built on one FAISS thread up to SOLO_REBUILD_VECTORS."""
+    if len(snapshot.labels) > SOLO_REBUILD_VECTORS:
+        return index.build(snapshot)
+    with faiss_threads(1):
+        return index.build(snapshot)
 
 
 async def _to_its_end(call: asyncio.Future[T]) -> T:
