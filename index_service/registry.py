@@ -15,7 +15,6 @@ from index_service.errors import Unavailable
 from index_service.native import faiss_threads, release_free_memory
 from index_service.org_index import Hit, OrgIndex, Snapshot
 from index_service.rebuild import OrgRows
-from index_service.stores import VectorStore
 from index_service.vectors import Matrix
 
 log = logging.getLogger(__name__)
@@ -40,14 +39,15 @@ INLINE_VECTORS = 2048
 # Upserts run on the event loop only up to this many vectors (an append's windows: two for
 # one message, three for three), for their bookkeeping in Python costs microseconds a vector.
 INLINE_WRITE = 4
-# Background rebuilds of up to this many vectors run on one FAISS thread. The org serves
-# meanwhile, so their length matters little, and on a busy machine a second thread mostly
-# waits for a core, spinning. With another process busy on one of two Zen 4 cores, the
-# builds at 4,097, 8,193 and 32,769 vectors took 0.41, 1.01 and 5.5 s on two threads, for
-# 0.52, 1.23 and 6.8 s of CPU, against 0.32, 0.83 and 5.3 s on one; idle, two threads took
-# about half the time for 1-10% more CPU (benchmarks/e2e/rebuild_threads.py). Larger
-# rebuilds (131k, 524k...) use every core, as loads do, whose requests wait for them.
-SOLO_REBUILD_VECTORS = 65_536
+# Background rebuilds of up to this many vectors (the org's rebuilds at 4,097, 8,193 and
+# 32,769 as it grows) build and replay on one FAISS thread. The org serves meanwhile, so
+# their length matters little, and on a busy machine a second thread mostly waits for a core,
+# spinning. With another process busy on one of two Zen 4 cores, the builds at 4,097, 8,193
+# and 32,769 vectors took 0.49, 1.00 and 5.9 s on two threads, for 0.56, 1.21 and 7.4 s of
+# CPU, against 0.34, 0.86 and 5.7 s on one; idle, two threads took 53-66% of the time for
+# 2-32% more CPU (benchmarks/e2e/rebuild_threads.py). Larger rebuilds (131k, 524k...) use
+# every core, as loads do, whose requests wait for them.
+SOLO_REBUILD_VECTORS = 40_000
 # After a rebuild fails, the org's next one waits this long (the org keeps its index): the
 # same snapshot would most likely fail the same way, at the cost of a whole build each time.
 REBUILD_RETRY_SECONDS = 60.0
@@ -345,18 +345,23 @@ class Registry:
                 return  # the writes that follow check again, as they always do
             store = None
             caught_up = False
+            solo = len(snapshot.labels) <= SOLO_REBUILD_VECTORS
+            build, catch_up, finish = org.index.build, org.index.catch_up, org.index.finish_rebuild
+            if solo:
+                build, catch_up = _on_one_faiss_thread(build), _on_one_faiss_thread(catch_up)
+                finish = _on_one_faiss_thread(finish)
             try:
-                store = await self._run(_build_in_background, org.index, snapshot)
+                store = await self._run(build, snapshot)
                 # Writes made during the build are replayed unlocked until few are left.
                 for _ in range(CATCH_UP_ROUNDS):
                     # Cancelled, it still waits for its replay's thread before the switch.
-                    if await _to_its_end(self._run(org.index.catch_up, store)) <= CAUGHT_UP:
+                    if await _to_its_end(self._run(catch_up, store)) <= CAUGHT_UP:
                         break
                 caught_up = True
             finally:
                 # A replay that failed or was cancelled part-way left `store` with some of
                 # the changes, which a second replay would add again: abandon it.
-                await self._locked(org, org.index.finish_rebuild, store if caught_up else None)
+                await self._locked(org, finish, store if caught_up else None)
                 del store, snapshot
                 await self._run(release_free_memory)
             log.info("rebuilt org %s: %d vectors (%s)", org_id, org.index.size, org.index.kind)
@@ -393,12 +398,14 @@ class Registry:
         return loop.run_in_executor(executor or self._work, lambda: fn(*args, **kwargs))
 
 
-def _build_in_background(index: OrgIndex, snapshot: Snapshot) -> VectorStore:
-    """The store a rebuild switches to, built on one FAISS thread up to SOLO_REBUILD_VECTORS."""
-    if len(snapshot.labels) > SOLO_REBUILD_VECTORS:
-        return index.build(snapshot)
-    with faiss_threads(1):
-        return index.build(snapshot)
+def _on_one_faiss_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` with its FAISS calls on one thread."""
+
+    def solo(*args: Any) -> T:
+        with faiss_threads(1):
+            return fn(*args)
+
+    return solo
 
 
 async def _to_its_end(call: asyncio.Future[T]) -> T:

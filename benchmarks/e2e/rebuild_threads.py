@@ -11,7 +11,8 @@ from the shard's requests and writes. Measured here, in this process, alternatin
 
 each with the machine idle and with another process spinning on one core (as
 PostgreSQL, the API and the embedder keep the cores of a 2-core machine busy while an org
-grows). Vectors: the e2e corpus (respelt copies) with the hashing embedder, as
+grows); every other round runs each pair the other way round; the medians are reported and
+every sample kept. Vectors: the e2e corpus (respelt copies) with the hashing embedder, as
 flat_or_ivf.py builds them. Writes results/rebuild-threads-<machine>.json and .png.
 
 Usage: python benchmarks/e2e/rebuild_threads.py --machine "2-core AMD EPYC" [--rounds 3]
@@ -162,18 +163,20 @@ def main() -> None:
     texts = chunk_texts(max(max(args.sizes), args.grow), args.data, True)
     progress(f"embedding {len(texts):,} chunks (respelt copies) with the hashing embedder")
     vectors = embed(texts, HashingEmbedder())
-    samples: dict[str, Any] = {}
+    samples: dict[tuple[str, str, str], list[Any]] = {}
     for r in range(args.rounds):
-        for load in ("idle", "busy"):
+        # Every other round runs each pair the other way round.
+        order: Any = (lambda pair: pair) if r % 2 == 0 else (lambda pair: pair[::-1])
+        for load in order(("idle", "busy")):
             with busy(load == "busy"):
                 for size in args.sizes:
-                    for threads in (1, 2):
+                    for threads in order((1, 2)):
                         wall, cpu = build(
                             np.ascontiguousarray(vectors[:size]), threads, args.target_recall
                         )
                         key = (f"{size}", load, f"{threads}")
                         samples.setdefault(key, []).append((wall, cpu))
-                for mode, solo in (("every core", 0), ("one thread", SOLO)):
+                for mode, solo in order((("every core", 0), ("one thread", SOLO))):
                     spent = asyncio.run(grow(vectors[: args.grow], solo, args.target_recall))
                     samples.setdefault(("grow", load, mode), []).append(spent)
                     progress(
@@ -201,6 +204,7 @@ def main() -> None:
         "grow": args.grow,
         "builds": builds,
         "growth_cpu_s": growth,
+        "samples": {" / ".join(key): rows for key, rows in samples.items()},
     }
     for size in args.sizes:
         for load in ("idle", "busy"):

@@ -117,41 +117,49 @@ async def test_a_rebuild_that_deletes_made_unneeded_is_dropped_before_its_snapsh
 
 
 async def test_a_small_orgs_rebuild_runs_on_one_faiss_thread_and_a_large_ones_on_every_core(
-    registry: Registry, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Up to SOLO_REBUILD_VECTORS a background rebuild builds on one FAISS thread; past it on
-    the work thread's own setting (every core). Either way the thread's setting is as before
-    afterwards, for the bulk upserts and loads that run there."""
+    """Up to SOLO_REBUILD_VECTORS a background rebuild builds, replays and switches on one
+    FAISS thread; past it on the work thread's own setting. Either way that thread's setting is
+    as before afterwards, for the bulk upserts and loads that run there."""
     import faiss
 
-    seen: list[tuple[int, int]] = []  # (snapshot size, FAISS threads) of each build
-    after: list[int] = []
-    build = OrgIndex.build
+    def three_faiss_threads() -> None:  # whatever this machine's cores, a setting to tell apart
+        faiss.omp_set_num_threads(3)
 
-    def recording_build(self: OrgIndex, snapshot: Any) -> Any:
-        seen.append((snapshot.labels.size, faiss.omp_get_max_threads()))
-        return build(self, snapshot)
+    calls: list[tuple[str, int, int]] = []  # (step, the org's size, FAISS threads)
+    for step in ("build", "catch_up", "finish_rebuild"):
+        original = getattr(OrgIndex, step)
 
-    monkeypatch.setattr(OrgIndex, "build", recording_build)
-    cores = await asyncio.get_running_loop().run_in_executor(
-        registry._work, faiss.omp_get_max_threads
-    )
-    vectors = clustered(1201, seed=9)
-    await registry.upsert("small", 1, [f"c{i}" for i in range(1001)], ["v"] * 1001, vectors[:1001])
-    await registry.settle()
-    monkeypatch.setattr(registry_module, "SOLO_REBUILD_VECTORS", 1100)
-    await registry.upsert("large", 1, [f"c{i}" for i in range(1201)], ["v"] * 1201, vectors)
-    await registry.settle()
-    for _ in range(4):  # every work thread, as it is now
-        after.append(
-            await asyncio.get_running_loop().run_in_executor(
-                registry._work, faiss.omp_get_max_threads
-            )
-        )
-    assert seen == [(1001, 1), (1201, cores)]
-    assert set(after) == {cores}
-    for org in ("small", "large"):
-        assert (await registry.stats(org, 1)).index_kind == "ivf"
+        def recording(
+            self: OrgIndex, *args: Any, _original: Any = original, _step: str = step
+        ) -> Any:
+            calls.append((_step, self.size, faiss.omp_get_max_threads()))
+            return _original(self, *args)
+
+        monkeypatch.setattr(OrgIndex, step, recording)
+    work = ThreadPoolExecutor(1, initializer=three_faiss_threads)  # one thread: the one sampled
+    requests = ThreadPoolExecutor(2)
+    registry = Registry(EmptySource(DIM), work, requests, flat_threshold=1000, target_recall=0.97)
+    try:
+        vectors = clustered(1201, seed=9)
+        await registry.upsert("small", 1, [f"c{i}" for i in range(1001)], ["v"] * 1001, vectors)
+        await registry.settle()
+        monkeypatch.setattr(registry_module, "SOLO_REBUILD_VECTORS", 1100)
+        await registry.upsert("large", 1, [f"c{i}" for i in range(1201)], ["v"] * 1201, vectors)
+        await registry.settle()
+        after = await asyncio.get_running_loop().run_in_executor(work, faiss.omp_get_max_threads)
+        steps = {"build", "catch_up", "finish_rebuild"}
+        for size, threads in ((1001, 1), (1201, 3)):
+            assert {step for step, n, _ in calls if n == size} == steps
+            assert {t for _, n, t in calls if n == size} == {threads}
+        assert after == 3
+        for org in ("small", "large"):
+            assert (await registry.stats(org, 1)).index_kind == "ivf"
+    finally:
+        await registry.close()
+        work.shutdown()
+        requests.shutdown()
 
 
 async def test_small_searches_run_on_the_event_loop_and_long_ones_on_request_threads(
