@@ -561,7 +561,7 @@ class Indexer:
 
     async def _retry_later(self, job: Job, exc: Exception) -> None:
         delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(job.attempts, 10))
-        refused = isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REFUSED
+        refused = _refused(exc)
         # Nothing is dropped: the job waits, retried, until the deployment is put right.
         log.log(
             logging.ERROR if refused else logging.WARNING,
@@ -591,12 +591,15 @@ class Indexer:
 def _reason(exc: Exception) -> str:
     """What failed, for the log: the exception's type, a gRPC call's status code and, for a
     call refused as sent, the service's reason (it names limits and fields, never content)."""
-    if isinstance(exc, grpc.aio.AioRpcError):
-        reason = f"{type(exc).__name__} {exc.code().name}"
-        if exc.code() in REFUSED:
-            reason += f" ({(exc.details() or '')[:200]})"
-        return reason
-    return type(exc).__name__
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return type(exc).__name__
+    reason = f"{type(exc).__name__} {exc.code().name}"
+    return f"{reason} ({(exc.details() or '')[:200]})" if _refused(exc) else reason
+
+
+def _refused(exc: Exception) -> bool:
+    """Whether `exc` is a gRPC call its service refused as sent (REFUSED)."""
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REFUSED
 
 
 class _Leases:

@@ -165,8 +165,11 @@ def main() -> None:
     vectors = embed(texts, HashingEmbedder())
     samples: dict[tuple[str, str, str], list[Any]] = {}
     for r in range(args.rounds):
-        # Every other round runs each pair the other way round.
-        order: Any = (lambda pair: pair) if r % 2 == 0 else (lambda pair: pair[::-1])
+        flip = r % 2 == 1  # every other round runs each pair the other way round
+
+        def order(pair: tuple[Any, Any], flip: bool = flip) -> tuple[Any, Any]:
+            return (pair[1], pair[0]) if flip else pair
+
         for load in order(("idle", "busy")):
             with busy(load == "busy"):
                 for size in args.sizes:

@@ -188,6 +188,16 @@ async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 3.0)
     return True
 
 
+def outbox_gauges(metrics: str) -> dict[str, float]:
+    """The index outbox's gauges in a /metrics text, by name."""
+    lines = (line.split() for line in metrics.splitlines())
+    return {
+        line[0]: float(line[1])
+        for line in lines
+        if line and line[0].startswith("memory_index_outbox_")
+    }
+
+
 async def outbox_drained(database_url: str, deadline_s: float = 60) -> None:
     """Wait until the indexer has done every outbox job (there is no event to await)."""
     conn = await asyncpg.connect(database_url)

@@ -31,7 +31,9 @@ from tests.api.harness import (
     COSINE_1,
     McpCaller,
     Service,
+    eventually,
     outbox_drained,
+    outbox_gauges,
     running_service,
     say,
     serve,
@@ -128,9 +130,16 @@ async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[tup
 
 async def outbox_metrics(http: Any) -> dict[str, float]:
     """The outbox gauges /metrics shows now."""
-    text = (await http.get("/metrics")).text
-    gauges = (line.split() for line in text.splitlines() if line.startswith("memory_index_outbox_"))
-    return {name: float(value) for name, value in gauges}
+    return outbox_gauges((await http.get("/metrics")).text)
+
+
+async def a_job_failing(http: Any) -> bool:
+    """Whether /metrics shows an outbox job that failed once at least, within 10 s."""
+
+    async def failing() -> bool:
+        return (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] >= 1
+
+    return await eventually(failing, seconds=10)
 
 
 async def until_search_answers(mcp: McpCaller) -> None:
@@ -308,12 +317,8 @@ async def test_delete_while_the_shard_is_down_converges(database_url: str) -> No
             running.kill(running.index)
             assert (await http.delete(f"/api/v1/conversations/{drop}")).json() == {"deleted": True}
             # The waiting removal shows on /metrics, as failing once its first attempt has.
+            assert await a_job_failing(http)
             backlog = await outbox_metrics(http)
-            for _ in range(200):
-                if backlog["memory_index_outbox_failing_jobs"] >= 1:
-                    break
-                await asyncio.sleep(0.05)
-                backlog = await outbox_metrics(http)
             assert backlog["memory_index_outbox_failing_jobs"] == 1
             assert backlog["memory_index_outbox_jobs"] == 1
             assert backlog["memory_index_outbox_oldest_job_seconds"] > 0
@@ -349,10 +354,7 @@ async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_
             async with service.rest(key) as http, service.mcp(key) as mcp:
                 cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
                 await say(http, cid, "narwhal")
-                for _ in range(200):
-                    if (await outbox_metrics(http))["memory_index_outbox_failing_jobs"]:
-                        break
-                    await asyncio.sleep(0.05)
+                assert await a_job_failing(http)
                 assert (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] == 1
 
                 def refused() -> list[logging.LogRecord]:
@@ -362,10 +364,10 @@ async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_
                         if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
                     ]
 
-                for _ in range(100):  # the append's own attempt, then the worker's, a second on
-                    if len(refused()) >= 2:
-                        break
-                    await asyncio.sleep(0.05)
+                async def retried() -> bool:  # the append's own attempt, the worker's after 1 s
+                    return len(refused()) >= 2
+
+                assert await eventually(retried, seconds=5)
                 assert {r.levelname for r in refused()} == {"ERROR"}
                 assert "INVALID_ARGUMENT (dim is 768" in refused()[0].getMessage()
                 # The append's own attempt counts: the worker's first is the second.
