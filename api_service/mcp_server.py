@@ -167,6 +167,7 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
         ctx: Context[Any, Any],
         query: Annotated[str, Field(description="Natural-language query")],
         conversation_id: Annotated[str, _text("Restrict to one conversation")],
+        project: Annotated[str, _text("Only conversations whose metadata.project equals this")],
         limit: Annotated[int, _int("Max results, 1 to 50", 1, 50)] = 5,
         tags: Annotated[list[str] | None, Field(description="Filter by conversation tags")] = None,
         snippet_chars: Annotated[
@@ -183,6 +184,7 @@ def build_mcp(memory_of: Callable[[], MemoryService]) -> MemoryMCP:
                 limit=limit,
                 conversation_id=conversation_id,
                 tags=tags,
+                project=project,
                 snippet_chars=snippet_chars,
             )
         )

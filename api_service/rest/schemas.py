@@ -100,7 +100,12 @@ class Chunk(BaseModel):
     chunk_id: str
     conversation_id: str
     chunk_text: str
-    score: float
+    score: float = Field(
+        description="Relevance, highest first: the chunk's reciprocal rank fusion score, "
+        "1/(60 + rank) summed over the vector and the full-text rankings that hold it (at most "
+        "2/61). Not a cosine similarity, as MCP search's score is; compare it only within one "
+        "response"
+    )
     start_sequence: int
     end_sequence: int
 

@@ -36,6 +36,11 @@ async def test_append_then_search_finds_it_on_both_interfaces(service: Service, 
         rest = (await http.get("/api/v1/search", params={"q": "passport renewal"})).json()
         assert rest["results"][0]["conversation_id"] == target
         assert rest["total"] == len(rest["results"])
+        # REST's score is the fused rank's: 1/(60 + rank) from each ranking that holds it.
+        fused = [r["score"] for r in rest["results"]]
+        assert fused == sorted(fused, reverse=True)
+        top = round(2 / 61, 6)  # scores are rounded to 6 places
+        assert fused[0] == top and all(0 < f <= top for f in fused)
 
 
 async def test_conversation_filter_returns_its_full_k(service: Service, key: str) -> None:
@@ -74,6 +79,10 @@ async def test_tag_and_project_filters(service: Service, key: str) -> None:
             await http.get("/api/v1/search", params={"q": "invoice paid", "project": "zephyr"})
         ).json()
         assert {r["conversation_id"] for r in by_project["results"]} == {b}
+        mcp_project = await mcp.ok("search", query="invoice paid", project="atlas")
+        assert {r["conversation_id"] for r in mcp_project["results"]} == {a}
+        unknown = await mcp.ok("search", query="invoice paid", project="no-such-project")
+        assert unknown == {"results": [], "total": 0}
         by_tags = (
             await http.get("/api/v1/search", params={"q": "invoice paid", "tags": "billing,eu"})
         ).json()

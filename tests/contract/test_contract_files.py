@@ -32,7 +32,11 @@ async def test_the_six_tools_take_the_contract_parameters() -> None:
     expected = {
         "create_conversation": ({"title", "agent_id", "tags", "metadata"}, set()),
         "append_messages": ({"conversation_id", "messages"}, {"conversation_id", "messages"}),
-        "search": ({"query", "limit", "conversation_id", "tags", "snippet_chars"}, {"query"}),
+        # `project` beyond the contract's table: the design's MCP search filters by it too.
+        "search": (
+            {"query", "limit", "conversation_id", "tags", "snippet_chars", "project"},
+            {"query"},
+        ),
         "get_conversation": (
             {"conversation_id", "message_limit", "message_offset"},
             {"conversation_id"},
