@@ -131,7 +131,7 @@ class Registry:
     ) -> int:
         """Insert or replace chunks (never by an older version), loading the org first if this
         shard does not hold it."""
-        org = await self._ensure(org_id, epoch)
+        org = await self._ensure(org_id, epoch, write=True)
         size = len(chunk_ids)
         with self._dropped_if_broken(org_id, org):
             if size <= INLINE_WRITE and org.index.write_bound(size) <= INLINE_VECTORS:
@@ -155,7 +155,7 @@ class Registry:
         self, org_id: str, epoch: int, chunk_ids: list[str], conversation_ids: list[str]
     ) -> int:
         """Remove chunks by id and by conversation."""
-        org = await self._ensure(org_id, epoch)
+        org = await self._ensure(org_id, epoch, write=True)
         with self._dropped_if_broken(org_id, org):
             count = await self._locked(
                 org, org.index.delete, chunk_ids, conversation_ids, executor=self._requests
@@ -264,14 +264,16 @@ class Registry:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _ensure(self, org_id: str, epoch: int) -> _Org:
+    async def _ensure(self, org_id: str, epoch: int, *, write: bool = False) -> _Org:
         """The org's current copy, loaded (once, however many callers wait) when this shard
-        does not hold it or holds one that does not serve `epoch` (`_serves`)."""
+        does not hold it or holds one that does not serve `epoch` (`_serves`). A `write`
+        waits for a load under way even where the held copy serves it: the loaded copy
+        replaces the held one and may have read its rows before the write was stored."""
         while True:
             held = self._orgs.get(org_id)
-            if held is not None and self._serves(held, epoch):
-                return held
             pending = self._loading.get(org_id)
+            if held is not None and self._serves(held, epoch) and not (write and pending):
+                return held
             if pending is None:
                 pending = (epoch, asyncio.create_task(self._load(org_id, epoch)))
                 self._loading[org_id] = pending

@@ -382,6 +382,56 @@ async def test_callers_on_another_shard_list_do_not_reload_the_org_back_and_fort
         requests.shutdown()
 
 
+async def test_a_write_during_a_reload_reaches_the_copy_that_replaces_the_held_one() -> None:
+    """A caller on the shard's own list reloads an org held under another list; meanwhile an
+    api pod on that other list writes, after the reload read its rows. The write must not go
+    to the held copy, which the reloaded one replaces: it waits for the reload and lands in
+    the new copy (a delete alike). Searches are served from the held copy meanwhile."""
+    own, other = 11, 22
+    vectors = clustered(3, seed=15)
+    reading, release = asyncio.Event(), asyncio.Event()
+
+    class Rows(EmptySource):
+        """The org's stored rows: one chunk, each load read at its start (a snapshot), the
+        second then held until released."""
+
+        loads = 0
+
+        async def load(self, org_id: str) -> Any:
+            Rows.loads += 1
+            snapshot = OrgRows(["c0", "c_gone"], ["conv", "conv_gone"], vectors[:2], [1, 1])
+            if Rows.loads == 2:
+                reading.set()
+                await release.wait()
+            return snapshot
+
+    work, requests = ThreadPoolExecutor(2), ThreadPoolExecutor(2)
+    registry = Registry(
+        Rows(DIM), work, requests, flat_threshold=1000, target_recall=0.97, own_epoch=own
+    )
+    try:
+        await registry.search("org_a", other, vectors[:1], 3, [])  # held under the other list
+        reload = asyncio.create_task(registry.search("org_a", own, vectors[:1], 3, []))
+        await asyncio.wait_for(reading.wait(), 10)
+        write = asyncio.create_task(
+            registry.upsert("org_a", other, ["c_new"], ["conv"], vectors[2:3])
+        )
+        delete = asyncio.create_task(registry.delete("org_a", other, [], ["conv_gone"]))
+        held = await registry.search("org_a", other, vectors[:1], 3, [])
+        assert {hit.chunk_id for hit in held} == {"c0", "c_gone"}
+        await asyncio.sleep(0.1)
+        assert not write.done() and not delete.done()  # they wait for the reload
+
+        release.set()
+        await asyncio.wait_for(asyncio.gather(reload, write, delete), 10)
+        found = await registry.search("org_a", own, vectors[:1], 3, [])
+        assert {hit.chunk_id for hit in found} == {"c0", "c_new"}
+        assert registry.loads == 2
+    finally:
+        work.shutdown()
+        requests.shutdown()
+
+
 async def test_a_write_that_fails_part_way_drops_the_org_to_be_loaded_afresh(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
