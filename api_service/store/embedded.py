@@ -30,6 +30,10 @@ def settings(memory_bytes: int) -> dict[str, str]:
         # an org grew, each followed by a full-page image of every page touched again.
         "max_wal_size": "4GB",
         "checkpoint_timeout": "15min",
+        # Every local connection is trusted. The socket sits in the data folder (0700) unless
+        # that path is too long for a socket; then in a shared runtime folder, where the
+        # default 0777 would let any user of the machine in.
+        "unix_socket_permissions": "0700",
     }
 
 

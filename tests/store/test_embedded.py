@@ -29,7 +29,13 @@ async def test_the_server_runs_with_them(tmp_path: Path) -> None:
         try:
             shown = {
                 name: await conn.fetchval(f"SELECT current_setting('{name}')")
-                for name in ("shared_buffers", "random_page_cost", "jit", "max_wal_size")
+                for name in (
+                    "shared_buffers",
+                    "random_page_cost",
+                    "jit",
+                    "max_wal_size",
+                    "unix_socket_permissions",
+                )
             }
         finally:
             await conn.close()
@@ -44,6 +50,7 @@ async def test_the_server_runs_with_them(tmp_path: Path) -> None:
         "random_page_cost": "1.1",
         "jit": "off",
         "max_wal_size": "4GB",
+        "unix_socket_permissions": "0700",  # only the service's user connects
     }
 
 
