@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import asyncpg
 import uvicorn
@@ -31,7 +31,7 @@ from api_service.auth import FailedAuthThrottle, KeyCache
 from api_service.clients import EmbedClient, GrpcSemanticIndex, IndexRouter
 from api_service.core.memory import MemoryService
 from api_service.http import GuardMiddleware
-from api_service.indexer import BACKLOG_COUNTED, Indexer, outbox_backlog
+from api_service.indexer import BACKLOG_COUNTED, Backlog, Indexer, outbox_backlog
 from api_service.limits import Meter
 from api_service.mcp_server import build_mcp
 from api_service.rest import conversations, messages, search, usage
@@ -44,6 +44,7 @@ from api_service.store.migrate import migrate_url
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
+T = TypeVar("T")
 OUTBOX_READ_SECONDS = 1.0  # what /metrics waits for the outbox's figures
 
 
@@ -210,6 +211,21 @@ def _describe_as_served(app: FastAPI) -> None:
     app.openapi = document  # type: ignore[method-assign]
 
 
+class Shared(Generic[T]):
+    """One run of `work` at a time, its result given to every caller that asks while it runs.
+    /readyz and /metrics take no key: a flood of them then holds one database connection and
+    one call to each service, where a run each would take the pool from keyed requests."""
+
+    def __init__(self, work: Callable[[], Awaitable[T]]) -> None:
+        self._work = work
+        self._running: asyncio.Future[T] | None = None
+
+    async def __call__(self) -> T:
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(self._work())
+        return await asyncio.shield(self._running)  # a caller that leaves stops no one else
+
+
 def _add_operations(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -217,6 +233,13 @@ def _add_operations(app: FastAPI, runtime: Runtime) -> None:
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
+        ok, checks = await readiness()
+        return JSONResponse(
+            {"status": "ready" if ok else "not ready", "checks": checks},
+            status_code=200 if ok else 503,
+        )
+
+    async def check() -> tuple[bool, dict[str, Any]]:
         checks: dict[str, Any] = {}
         try:
             await runtime.require_pool().fetchval("SELECT 1")
@@ -230,10 +253,9 @@ def _add_operations(app: FastAPI, runtime: Runtime) -> None:
         shards = await runtime.index.ready() if runtime.index else {}
         checks["index"] = shards
         ok = checks["postgres"] and checks["embed"] and bool(shards) and all(shards.values())
-        return JSONResponse(
-            {"status": "ready" if ok else "not ready", "checks": checks},
-            status_code=200 if ok else 503,
-        )
+        return ok, checks
+
+    readiness = Shared(check)
 
 
 def _route_label(scope: Scope) -> str:
@@ -300,13 +322,18 @@ def _add_metrics(app: FastAPI, runtime: Runtime) -> None:
         registry=registry,
     )
 
+    async def read_backlog() -> Backlog:
+        # Bounded: a pool whose connections are all taken, or a database that does not
+        # answer, must not hold up the request metrics, which matter most then.
+        async with asyncio.timeout(OUTBOX_READ_SECONDS):
+            return await outbox_backlog(runtime.require_pool())
+
+    backlog_now = Shared(read_backlog)
+
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
         try:
-            # Bounded: a pool whose connections are all taken, or a database that does not
-            # answer, must not hold up the request metrics, which matter most then.
-            async with asyncio.timeout(OUTBOX_READ_SECONDS):
-                backlog = await outbox_backlog(runtime.require_pool())
+            backlog = await backlog_now()
         except Exception:  # any failure: no figure rather than a stale one
             for gauge in (outbox_jobs, outbox_failing, outbox_oldest):
                 gauge.set(float("nan"))

@@ -11,6 +11,8 @@ import asyncpg
 import pytest
 
 from api_service import main, timing
+from api_service.clients import EmbedClient
+from api_service.indexer import Backlog
 from tests.api.harness import Service, outbox_gauges
 
 ISO_Z = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -521,6 +523,37 @@ async def test_metrics_answer_without_the_outbox_figures_when_its_read_hangs(
     gauges = outbox_gauges(r.text)
     assert len(gauges) == 3 and all(math.isnan(value) for value in gauges.values())
     assert any(line.startswith("memory_http_requests_total{") for line in r.text.splitlines())
+
+
+async def test_a_flood_of_keyless_probes_runs_one_check_at_a_time(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/metrics and /readyz take no key. Requests that come while a check runs share its
+    result, so a flood of them does not take the database pool or load every shard."""
+    calls = {"outbox": 0, "embed": 0}
+
+    async def slow_backlog(pool: asyncpg.Pool) -> Backlog:
+        calls["outbox"] += 1
+        await asyncio.sleep(0.3)
+        return Backlog(jobs=7, failing=1, oldest_seconds=2.0)
+
+    ready = EmbedClient.ready
+
+    async def slow_ready(self: EmbedClient) -> bool:
+        calls["embed"] += 1
+        await asyncio.sleep(0.3)
+        return await ready(self)
+
+    monkeypatch.setattr(main, "outbox_backlog", slow_backlog)
+    monkeypatch.setattr(EmbedClient, "ready", slow_ready)
+    async with service.rest(None) as http:
+        metrics = await asyncio.gather(*(http.get("/metrics") for _ in range(20)))
+        probes = await asyncio.gather(*(http.get("/readyz") for _ in range(20)))
+        assert calls == {"outbox": 1, "embed": 1}
+        assert all(outbox_gauges(r.text)["memory_index_outbox_jobs"] == 7 for r in metrics)
+        assert all(r.status_code == 200 and r.json()["status"] == "ready" for r in probes)
+        await http.get("/metrics")  # one that comes after runs a check of its own
+        assert calls["outbox"] == 2
 
 
 async def test_rest_responses_say_where_their_time_went(service: Service, key: str) -> None:
