@@ -11,9 +11,13 @@ it measures:
 - growth: messages/s and chunks/s of the appends that reached the size (4 clients, 50
   messages a call; `--growth-batch 500` sends whole conversations, as a bulk import would
   and as the alternatives are loaded, 1,000 rows a call); each append returns once its
-  chunks are searchable; and the CPU a chunk cost, by part: api, embed, index, postgres and
-  this process, the load generator (benchmarks/e2e/cpu.py), up to the end of the work the
-  growth left behind (the outbox, the term statistics), whose wall time is given apart;
+  chunks are searchable, or leaves them to the background indexer when appends outpace it;
+  the ingest rate (`ingest_chunks_per_s`, compared with the alternatives' loads in
+  `ingest_ratios`), counted up to the end of the work the growth left behind (the outbox, the
+  term statistics, a rebuild of the org's index), as a load is timed until its last row is
+  indexed; and the CPU a chunk cost over the same span, by part: api, embed, index, postgres
+  and this process, the load generator (benchmarks/e2e/cpu.py). Past the first size the
+  service grows from the size before, where the alternatives load from empty;
 - append: latency p50/p99 of one-message appends, one client (searchable on return), with
   short notes (`append_*`) and with a LongMemEval conversation's turns (`append_turn_*`), as the
   client sees it and as the service's own time with the embedding taken out (`own`, below),
@@ -50,8 +54,10 @@ settled service, not of one still digesting its growth.
 
 With the hashing embedder (the default) embedding costs microseconds, so the figures are the
 service's own; `--embedder transformer` runs the real model. Writes results/<label>.json,
-.csv and .png, after each size; the JSON's `samples` hold every timed append's and search's
-latency in the order taken, to read a tail from (early calls, or spread).
+.csv and .png, after each size, the JSON with the command, the commit (and any changed
+files), the machine and PostgreSQL's and pgvector's versions and cache settings. Its
+`samples` hold every timed append's and search's latency in the order taken, to read a tail
+from (early calls, or spread).
 
 `own`: the time the request would take if embedding took none, from its Server-Timing parts
 (see own_time.without_embedding). The embedding runs beside other work, so subtracting its
@@ -68,12 +74,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
+import os
 import platform
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -101,7 +111,7 @@ from evidence import Evidence
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from own_time import without_embedding
-from report import equal_recall_ratios, plot, shard_curve, write
+from report import equal_recall_ratios, ingest_rate, ingest_ratios, plot, shard_curve, write
 
 from api_service import timing
 from api_service.devstack import DEV_ORG, add_embedder_option, stack_in_subprocess
@@ -117,6 +127,9 @@ ROOT = HERE.parents[1]
 DATA = ROOT.parent / "shared" / "data" / "longmemeval"
 GROWTH_CLIENTS = 4
 GROWTH_BATCH = 50
+# How often settle() looks whether the growth's work is done (seconds): it counts in the ingest
+# rate, so the wait for it to notice must be short.
+SETTLE_POLL = 0.2
 # Server-Timing parts of an append the benchmark reports on their own, for where its time goes.
 APPEND_PARTS = ("write", "embed_wait", "vectors", "index")
 
@@ -348,18 +361,16 @@ async def settle(args: argparse.Namespace, pg_url: str, vacuum: bool = True) -> 
         while True:  # an IVF rebuild the growth started
             if not (await shard.Stats(index_pb2.StatsRequest(), timeout=60)).building:
                 break
-            await asyncio.sleep(1)
+            await asyncio.sleep(SETTLE_POLL)
     conn = await asyncpg.connect(pg_url)
     try:
         while True:
-            pending = await conn.fetchval("SELECT count(*) FROM index_outbox")
-            chunks = await conn.fetchval("SELECT count(*) FROM chunks")
-            counted = await conn.fetchval("SELECT max(chunks) FROM lexical_stats") or 0
-            if pending == 0 and (
-                chunks < lexical.EXACT_BELOW or not lexical.stats_drifted(chunks, counted)
-            ):
-                break
-            await asyncio.sleep(2)
+            if await conn.fetchval("SELECT count(*) FROM index_outbox") == 0:
+                chunks = await conn.fetchval("SELECT count(*) FROM chunks")
+                counted = await conn.fetchval("SELECT max(chunks) FROM lexical_stats") or 0
+                if chunks < lexical.EXACT_BELOW or not lexical.stats_drifted(chunks, counted):
+                    break
+            await asyncio.sleep(SETTLE_POLL)
         if vacuum:
             await conn.execute(
                 "VACUUM (ANALYZE) chunks, chunk_vectors, messages, conversations, index_outbox"
@@ -519,11 +530,17 @@ async def measure(
             cpu_before, chunks_before = meter.read(), growth.chunks
             row.update(await growth.to(size))
             # The work the growth leaves behind counts, up to the vacuum: that is the
-            # benchmark's, to time a settled service. Its CPU is in the growth's, and its
-            # wall time (polled every 2 s) is given apart: each append returned searchable.
+            # benchmark's, to time a settled service. The ingest rate and the CPU a chunk
+            # take it in, as an alternative's load is timed until its last row is indexed.
             settled = time.perf_counter()
             await settle(args, pg_url, vacuum=False)
             row["growth_settle_seconds"] = time.perf_counter() - settled
+            row["ingest_chunks_per_s"] = ingest_rate(row)
+            progress(
+                f"  ingest {row['ingest_chunks_per_s']:,.1f} chunks/s: "
+                f"{row['growth_seconds']:,.1f} s of appends, "
+                f"{row['growth_settle_seconds']:,.1f} s until the work they left was done"
+            )
             cpu = per_chunk_ms(cpu_before, meter.read(), growth.chunks - chunks_before)
             row.update({f"growth_cpu_ms_per_chunk_{part}": ms for part, ms in cpu.items()})
             progress(
@@ -576,6 +593,12 @@ async def measure(
                         )
                     rows.append({**result.row(), "service_chunks": size})
                 save(rows)
+            for ingest in (r for r in ingest_ratios(rows) if r["service_chunks"] == size):
+                progress(
+                    f"  ingest: the service {ingest['service_chunks_per_s']:,.1f} chunks/s, "
+                    f"{ingest['system']} {ingest['alternative_chunks_per_s']:,.1f} "
+                    f"({ingest['service_share']:.2f}x)"
+                )
             for ratio in (r for r in equal_recall_ratios(rows) if r["service_chunks"] == size):
                 head = f"  {ratio['system']} (recall {ratio['recall_at_10']:.3f}): "
                 if ratio["nprobe"] is None:
@@ -632,6 +655,53 @@ async def alternatives(
         )
         shutil.rmtree(folder, ignore_errors=True)
         yield chroma
+
+
+def source_tree() -> dict[str, Any]:
+    """The commit measured, and whether the tree had changes beside it."""
+
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    return {"commit": git("rev-parse", "HEAD"), "changed_files": git("status", "--porcelain")}
+
+
+def host() -> dict[str, Any]:
+    """What the machine has, beside the --machine name given."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    processor = fields.get("model name", platform.processor() or platform.machine())
+    if "cpu family" in fields:
+        processor += f", family {fields['cpu family']} model {fields.get('model', '?')}"
+    return {
+        "processor": processor,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+    }
+
+
+async def postgres_setup(pg_url: str) -> dict[str, Any]:
+    """The server's version, pgvector's and the settings that size its caches."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        settings = await conn.fetch(
+            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1::text[])",
+            ["shared_buffers", "work_mem", "maintenance_work_mem", "effective_cache_size"],
+        )
+        return {
+            "postgres": await conn.fetchval("SHOW server_version"),
+            "pgvector": await conn.fetchval(
+                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+            ),
+            "postgres_settings": {r["name"]: f"{r['setting']}{r['unit'] or ''}" for r in settings},
+        }
+    finally:
+        await conn.close()
 
 
 def main() -> None:
@@ -703,12 +773,15 @@ def main() -> None:
     machine = re.sub(r"[^a-z0-9]+", "-", args.machine.lower()).strip("-")  # a file name
     label = f"{args.embedder}-{machine}"
 
+    setup = {"command": sys.argv, **source_tree(), **host()}
+
     def save(rows: list[dict[str, Any]], complete: bool = False) -> None:
         meta = {
             "machine": args.machine,
             "embedder": args.embedder,
             "queries": args.queries,
             "growth_batch": args.growth_batch,
+            **setup,
             "minutes": round((time.time() - started) / 60, 1),
             "complete": complete,  # False: a run still going, or one that failed
         }
@@ -722,6 +795,7 @@ def main() -> None:
     ):
         pg_url, server = start_embedded(args.data_dir / "postgres")
         try:
+            setup.update(asyncio.run(postgres_setup(pg_url)))
             rows = asyncio.run(measure(args, base_url, key, pg_url, save))
         finally:
             server.cleanup()
