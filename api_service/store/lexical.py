@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api_service import timing
 from api_service.store.db import Conn
 
 EXACT_CAP = 500
@@ -67,17 +66,16 @@ async def search(
     """Ids of the best `limit` chunks for `query`, within the given conversations if any, in one
     round trip (the SQL function `lexical_search`). `budget`, `exact_below` and
     `exact_cap`: MATCH_BUDGET, EXACT_BELOW and EXACT_CAP above."""
-    with timing.part("lexical"):
-        rows = await conn.fetch(
-            "SELECT chunk_id FROM lexical_search($1, $2, $3, $4, $5, $6, $7) AS chunk_id",
-            org_id,
-            query,
-            limit,
-            None if conversation_ids is None else list(conversation_ids),
-            budget,
-            exact_below,
-            exact_cap,
-        )
+    rows = await conn.fetch(
+        "SELECT chunk_id FROM lexical_search($1, $2, $3, $4, $5, $6, $7) AS chunk_id",
+        org_id,
+        query,
+        limit,
+        None if conversation_ids is None else list(conversation_ids),
+        budget,
+        exact_below,
+        exact_cap,
+    )
     return [r["chunk_id"] for r in rows]
 
 
