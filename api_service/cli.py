@@ -22,6 +22,8 @@ from api_service.store import admin
 from api_service.store.db import Conn
 from api_service.store.migrate import migrate_url
 
+DEFAULT_PLAN = "default"  # `plan set --plan default`: the org goes back to the default limits
+
 
 async def _org(conn: Conn, name: str) -> str:
     org = await admin.org_by_name(conn, name)
@@ -84,6 +86,12 @@ def cmd_org_delete(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
+    if args.name == DEFAULT_PLAN:
+        raise CliError(
+            f"{DEFAULT_PLAN!r} names the limits of orgs without a plan (MEMORY_DEFAULT_PLAN__*, "
+            "`python -m api_service --help`); give the plan another name"
+        )
+
     async def work(conn: Conn) -> None:
         plan = await admin.upsert_plan(
             conn,
@@ -102,7 +110,7 @@ def cmd_plan_create(settings: ApiSettings, args: argparse.Namespace) -> None:
 
 
 def cmd_plan_set(settings: ApiSettings, args: argparse.Namespace) -> None:
-    plan = None if args.plan == "default" else args.plan
+    plan = None if args.plan == DEFAULT_PLAN else args.plan
 
     async def work(conn: Conn) -> None:
         if plan is not None and not await admin.plan_exists(conn, plan):
@@ -219,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memctl",
         description=(
             "Administer the conversation memory service and run it locally. Commands use "
-            "DATABASE_URL when set, otherwise the embedded PostgreSQL under MEMORY_DATA_DIR "
+            "DATABASE_URL (or MEMORY_DATABASE_URL, which wins) when set, otherwise the embedded "
+            "PostgreSQL under MEMORY_DATA_DIR "
             "(default ./var)."
         ),
     )
@@ -392,8 +401,8 @@ def main(argv: list[str] | None = None) -> None:
         _check_database_url(settings.database_url)
         args.run(settings, args)
     except ValidationError as exc:  # the values are left out: a URL may hold a password
-        fields = ", ".join(str(part) for e in exc.errors() for part in e["loc"][:1])
-        _fail(f"invalid setting: {fields} (see the README's settings)")
+        fields = ", ".join(f"MEMORY_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
+        _fail(f"invalid setting: {fields} (`python -m api_service --help` lists the settings)")
     except (CliError, ServiceError) as exc:
         _fail(str(exc))
     except (OSError, asyncpg.PostgresError) as exc:

@@ -174,10 +174,10 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
             signal.signal(signum, _stop_on_signal)
     if settings.database_url and not args.use_database_url:
         raise CliError(
-            "DATABASE_URL is set: memctl up would migrate that database, add an organization "
-            "'dev' with a key to it, and index its outbox into a shard on this machine. Unset "
-            "it to use the embedded PostgreSQL under MEMORY_DATA_DIR, or pass "
-            "--use-database-url if it is a development database"
+            "DATABASE_URL (or MEMORY_DATABASE_URL) is set: memctl up would migrate that "
+            "database, add an organization 'dev' with a key to it, and index its outbox into a "
+            "shard on this machine. Unset it to use the embedded PostgreSQL under "
+            "MEMORY_DATA_DIR, or pass --use-database-url if it is a development database"
         )
     data_dir = settings.data_dir.resolve()
     embed_address = f"127.0.0.1:{args.embed_port}"
@@ -194,7 +194,10 @@ def cmd_up(settings: ApiSettings, args: argparse.Namespace) -> None:
         key, created = _dev_key(url, data_dir / "dev-api-key")
         env = {
             **os.environ,
+            # Each service's own variable too: one left in the environment would win.
             "DATABASE_URL": url,
+            "MEMORY_DATABASE_URL": url,
+            "INDEX_DATABASE_URL": url,
             "EMBED_HOST": "127.0.0.1",
             "EMBED_PORT": str(args.embed_port),
             "EMBED_BACKEND": args.embedder,

@@ -37,7 +37,7 @@ from api_service.mcp_server import build_mcp
 from api_service.rest import conversations, messages, search, usage
 from api_service.rest import errors as rest_errors
 from api_service.rest.deps import known_query
-from api_service.settings import ApiSettings
+from api_service.settings import ApiSettings, env_help
 from api_service.store.db import create_pool
 from api_service.store.embedded import start_embedded
 from api_service.store.migrate import migrate_url
@@ -364,13 +364,10 @@ def main() -> None:
     """Run api_service with settings from the environment (MEMORY_*, DATABASE_URL)."""
     parser = argparse.ArgumentParser(
         prog="python -m api_service",
-        description=(
-            "Serve the conversation memory API: REST under /api/v1 and MCP at /mcp. Settings "
-            "come from the environment: MEMORY_HOST, MEMORY_PORT, DATABASE_URL (unset: an "
-            "embedded PostgreSQL under MEMORY_DATA_DIR), MEMORY_EMBED_ADDRESS, "
-            "MEMORY_INDEX_SHARDS (comma-separated host:port), MEMORY_APPEND_INDEX_WAIT_SECONDS, "
-            "MEMORY_LOG_LEVEL."
-        ),
+        description="Serve the conversation memory API: REST under /api/v1 and MCP at /mcp. "
+        "Settings come from the environment (below).",
+        epilog=env_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", help="bind address (default MEMORY_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default MEMORY_PORT or 8080)")

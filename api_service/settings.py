@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,53 +34,100 @@ class ApiSettings(BaseSettings):
         env_prefix="MEMORY_", env_nested_delimiter="__", extra="ignore"
     )
 
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8080, description="port to listen on")
     database_url: str | None = Field(
-        default=None, validation_alias=AliasChoices("MEMORY_DATABASE_URL", "DATABASE_URL")
+        default=None,
+        validation_alias=AliasChoices("MEMORY_DATABASE_URL", "DATABASE_URL"),
+        description="PostgreSQL URL (MEMORY_DATABASE_URL or DATABASE_URL); unset: an embedded "
+        "PostgreSQL under the data folder",
     )
-    data_dir: Path = Path("var")
-    db_pool_min: int = 2
-    db_pool_max: int = 20
-    embed_address: str = "127.0.0.1:50051"
-    # Comma-separated host:port list; each org goes to one shard by rendezvous hashing.
+    data_dir: Path = Field(default=Path("var"), description="folder of the embedded PostgreSQL")
+    db_pool_min: int = Field(default=2, description="PostgreSQL connections kept open")
+    db_pool_max: int = Field(default=20, description="PostgreSQL connections at most")
+    embed_address: str = Field(default="127.0.0.1:50051", description="embed_service host:port")
+    # Each org goes to one shard by rendezvous hashing.
     index_shards: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["127.0.0.1:50061"]
+        default_factory=lambda: ["127.0.0.1:50061"],
+        description="index shards, comma-separated host:port (every api process the same list)",
     )
-    grpc_timeout_seconds: float = 10.0
-    # The deadline of the embedding calls that index chunks. Nobody waits on them past an
-    # append's own wait (below), so it is long: on a slow model (a CPU) a queue of work is
-    # finished rather than thrown away at the deadline and embedded again.
-    embed_index_timeout_seconds: float = 120.0
-    # Embedding calls for indexing that one api process has under way at once. More wait their
-    # turn here, where no deadline runs, rather than in embed_service's queue, where a long
-    # queue (the model on a CPU, outpaced by appends) runs them past their deadline and the
-    # work is thrown away. A few calls in flight still let embed_service batch across them.
-    embed_index_concurrency: int = Field(default=4, ge=1)
-    # How long an append waits for its own chunks to be indexed before answering anyway.
-    append_index_wait_seconds: float = 10.0
-    indexer_enabled: bool = True
-    indexer_batch_size: int = 64
-    cors_origins: list[str] = Field(default_factory=list)
-    log_level: str = "INFO"
-    limits: Limits = Field(default_factory=Limits)
-    # Limits of orgs without a plan of their own (`memctl plan set`).
-    default_plan: PlanLimits = Field(default_factory=PlanLimits)
-    # Resolved API keys kept in memory, emptied on every change PostgreSQL announces
-    # (auth.KeyCache); 0 looks every request's key up.
-    key_cache_entries: int = 10_000
-    # Failed authentications per client address and minute before it gets 429s.
-    auth_failures_per_minute: int = 20
-    metering_enabled: bool = True
-    meter_flush_seconds: float = 1.0
+    grpc_timeout_seconds: float = Field(
+        default=10.0, description="deadline of a request's calls to embed_service and the shards"
+    )
+    # Nobody waits on these calls past an append's own wait (below), so it is long: on a slow
+    # model (a CPU) a queue of work is finished rather than thrown away at the deadline and
+    # embedded again.
+    embed_index_timeout_seconds: float = Field(
+        default=120.0, description="deadline of the embedding calls that index chunks"
+    )
+    # More wait their turn here, where no deadline runs, rather than in embed_service's queue,
+    # where a long queue (the model on a CPU, outpaced by appends) runs them past their
+    # deadline and the work is thrown away. A few calls in flight still let embed_service
+    # batch across them.
+    embed_index_concurrency: int = Field(
+        default=4, ge=1, description="embedding calls for indexing under way at once, per process"
+    )
+    append_index_wait_seconds: float = Field(
+        default=10.0,
+        description="how long an append waits for its chunks to be searchable before answering",
+    )
+    indexer_enabled: bool = Field(
+        default=True, description="run the background indexer that drains the index outbox"
+    )
+    indexer_batch_size: int = Field(default=64, description="outbox jobs the indexer takes at once")
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="browser origins allowed by CORS, comma-separated (none: CORS off)",
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+    limits: Limits = Field(default_factory=Limits, description="size limits on stored input")
+    default_plan: PlanLimits = Field(
+        default_factory=PlanLimits,
+        description="limits of orgs without a plan of their own (memctl plan set)",
+    )
+    key_cache_entries: int = Field(
+        default=10_000,
+        description="resolved API keys kept in memory, emptied on every change PostgreSQL "
+        "announces (0: look every request's key up)",
+    )
+    auth_failures_per_minute: int = Field(
+        default=20, description="failed authentications per client address a minute before 429s"
+    )
+    metering_enabled: bool = Field(default=True, description="count requests against plans")
+    meter_flush_seconds: float = Field(
+        default=1.0, description="how often counted requests are written to PostgreSQL"
+    )
 
-    @field_validator("index_shards", mode="before")
+    @field_validator("index_shards", "cors_origins", mode="before")
     @classmethod
-    def _split_shards(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any) -> Any:
+        """Comma-separated, or a JSON array."""
         if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
             return [s.strip() for s in value.split(",") if s.strip()]
         return value
 
     @property
     def embedded_pg_dir(self) -> Path:
         return self.data_dir / "postgres"
+
+
+def env_help() -> str:
+    """Every setting's variable, default and meaning, for --help (nested ones as
+    MEMORY_<FIELD>__<NAME>)."""
+    lines = ["environment variables:"]
+    for name, info in ApiSettings.model_fields.items():
+        default = info.default_factory() if info.default_factory is not None else info.default
+        variable = "MEMORY_DATABASE_URL or DATABASE_URL" if name == "database_url" else name
+        if isinstance(default, BaseModel):
+            lines.append(f"  MEMORY_{name.upper()}__*: {info.description}")
+            for part, value in default.model_dump().items():
+                lines.append(f"    MEMORY_{name.upper()}__{part.upper()} (default: {value})")
+            continue
+        if isinstance(default, list):
+            default = ",".join(default) or "none"
+        shown = variable if name == "database_url" else f"MEMORY_{name.upper()}"
+        lines.append(f"  {shown} (default: {'unset' if default is None else default})")
+        lines.append(f"      {info.description}")
+    return "\n".join(lines)

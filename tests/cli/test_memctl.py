@@ -124,7 +124,8 @@ def test_a_bad_setting_is_named_without_its_value(database_url: str) -> None:
         text=True,
         timeout=120,
     )
-    assert failed.returncode == 1 and "invalid setting: db_pool_max" in failed.stderr
+    assert failed.returncode == 1 and "invalid setting: MEMORY_DB_POOL_MAX" in failed.stderr
+    assert "python -m api_service --help" in failed.stderr
     assert "Traceback" not in failed.stderr and "s3cret" not in failed.stderr
 
 
@@ -200,7 +201,8 @@ def test_up_refuses_a_database_url_it_was_not_told_to_use(database_url: str) -> 
     org and key, and have its outbox indexed into a shard on this machine."""
     refused = memctl(database_url, "up", "--embedder", "hashing")
     assert refused.returncode == 1 and "--use-database-url" in refused.stderr
-    assert "DATABASE_URL is set" in refused.stderr and database_url not in refused.stderr
+    assert "DATABASE_URL (or MEMORY_DATABASE_URL) is set" in refused.stderr
+    assert database_url not in refused.stderr
 
 
 def test_help_documents_every_command(database_url: str) -> None:
@@ -258,6 +260,12 @@ def test_plans_and_usage(database_url: str) -> None:
     assert negative.returncode == 2 and "give 0 or more" in negative.stderr
     missing = memctl(database_url, "plan", "set", "--org", "beta", "--plan", "nope")
     assert missing.returncode == 1 and "memctl plan create nope" in missing.stderr
+    # `--plan default` means the default limits: no plan may take that name.
+    named_default = memctl(
+        database_url, "plan", "create", "default", "--requests", "5", "--storage-bytes", "5",
+        "--conversations", "1",
+    )  # fmt: skip
+    assert named_default.returncode == 1 and "give the plan another name" in named_default.stderr
 
 
 async def test_recount_sets_each_org_s_totals_to_its_conversations(database_url: str) -> None:
