@@ -118,8 +118,7 @@ def env_help() -> str:
     MEMORY_<FIELD>__<NAME>)."""
     lines = ["environment variables:"]
     for name, info in ApiSettings.model_fields.items():
-        default = info.default_factory() if info.default_factory is not None else info.default
-        variable = "MEMORY_DATABASE_URL or DATABASE_URL" if name == "database_url" else name
+        default = info.get_default(call_default_factory=True, validated_data={})
         if isinstance(default, BaseModel):
             lines.append(f"  MEMORY_{name.upper()}__*: {info.description}")
             for part, value in default.model_dump().items():
@@ -127,7 +126,7 @@ def env_help() -> str:
             continue
         if isinstance(default, list):
             default = ",".join(default) or "none"
-        shown = variable if name == "database_url" else f"MEMORY_{name.upper()}"
-        lines.append(f"  {shown} (default: {'unset' if default is None else default})")
+        variable = f"MEMORY_{name.upper()}" + (" or DATABASE_URL" if name == "database_url" else "")
+        lines.append(f"  {variable} (default: {'unset' if default is None else default})")
         lines.append(f"      {info.description}")
     return "\n".join(lines)
