@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -45,6 +46,22 @@ class EmbedServer:
         await self.batcher.close()
 
 
+async def load_on_a_thread_that_ends(settings: EmbedSettings) -> Embedder:
+    """Load the model (and warm it up) on a thread of its own that ends once it is loaded.
+
+    Each thread that runs torch on the CPU keeps an OpenMP team. Once the teams' threads
+    outnumber the cores, OpenMP stops spinning between parallel regions and puts its threads
+    to sleep, and waking them at each of a forward pass's regions made a question's embedding
+    take 30.6 ms instead of 19.6 (p50) on a 2-core Xeon (benchmarks/embed/openmp_teams.py). A
+    thread that ends takes its team along, so the batches, on the batcher's one model thread
+    on a CPU, have the only one."""
+    loader = ThreadPoolExecutor(1, "embed-load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(loader, load_embedder, settings)
+    finally:
+        loader.shutdown(wait=True)  # idle by now: its thread ends at once
+
+
 async def start_server(settings: EmbedSettings, embedder: Embedder | None = None) -> EmbedServer:
     """Load the model (off the event loop), then bind and start the gRPC server.
 
@@ -52,7 +69,7 @@ async def start_server(settings: EmbedSettings, embedder: Embedder | None = None
     `embedder` serves instead of the configured backend when given (one model, many servers).
     """
     if embedder is None:
-        embedder = await asyncio.to_thread(load_embedder, settings)
+        embedder = await load_on_a_thread_that_ends(settings)
     batcher = Batcher(embedder, batch_limits(settings, embedder.device))
     batcher.start()
     servicer = EmbedServicer(

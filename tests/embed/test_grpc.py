@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import grpc
 import numpy as np
 import pytest
 
+from embed_service import main
+from embed_service.embedder import Embedder
 from embed_service.main import EmbedServer, start_server
 from embed_service.model import TransformerEmbedder
 from embed_service.settings import EmbedSettings
@@ -77,6 +80,29 @@ async def test_not_ready_is_unavailable_once_shutdown_begins() -> None:
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.Embed(embed_pb2.EmbedRequest(texts=["hi"]))
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(grace=1.0)
+
+
+async def test_the_model_loads_on_a_thread_that_has_ended_when_serving_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Torch keeps an OpenMP team for each thread it ran on; a loading thread left alive
+    beside the model thread puts more OpenMP threads than cores on a small machine, and
+    OpenMP then sleeps between parallel regions (embed_service.main)."""
+    loaded_on: list[threading.Thread] = []
+    load = main.load_embedder
+
+    def recording(settings: EmbedSettings) -> Embedder:
+        loaded_on.append(threading.current_thread())
+        return load(settings)
+
+    monkeypatch.setattr(main, "load_embedder", recording)
+    server = await start_server(EmbedSettings(backend="hashing", port=0))
+    try:
+        (thread,) = loaded_on
+        assert thread is not threading.main_thread() and not thread.is_alive()
+        assert thread.name.startswith("embed-load")
     finally:
         await server.stop(grace=1.0)
 
