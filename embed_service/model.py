@@ -108,7 +108,9 @@ def pick_dtype(requested: str, device: str) -> torch.dtype:
     float32's (benchmarks/embed/cpu_dtype.py): the precision CUDA has always run in."""
     if requested == "auto":
         if device == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # Emulated bfloat16 (before Ampere) passes the default check and runs slowly.
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+            return torch.bfloat16 if native else torch.float16
         if not native_cpu_bfloat16():
             return torch.float32
         speedup = cpu_bfloat16_speedup()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -85,3 +85,14 @@ class EmbedSettings(BaseSettings):
     max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=4 * 1024 * 1024)
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _a_call_can_be_admitted(self) -> Self:
+        # Past the bound a call is refused as "retry later": one that could never fit would
+        # be retried forever.
+        if self.max_queued_texts < self.max_texts_per_call:
+            raise ValueError(
+                f"EMBED_MAX_QUEUED_TEXTS ({self.max_queued_texts}) must be at least "
+                f"EMBED_MAX_TEXTS_PER_CALL ({self.max_texts_per_call})"
+            )
+        return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 
@@ -15,6 +16,7 @@ from embed_service.main import EmbedServer, start_server
 from embed_service.model import TransformerEmbedder
 from embed_service.settings import EmbedSettings
 from memory_proto import embed_pb2, embed_pb2_grpc
+from tests.embed.fakes import FakeEmbedder
 
 
 def _decode(response: embed_pb2.EmbedResponse) -> np.ndarray:
@@ -24,7 +26,7 @@ def _decode(response: embed_pb2.EmbedResponse) -> np.ndarray:
 @pytest.fixture(scope="module")
 async def hashing_server() -> AsyncIterator[EmbedServer]:
     settings = EmbedSettings(
-        backend="hashing", port=0, max_texts_per_call=4, max_text_chars=50, max_queued_texts=3
+        backend="hashing", port=0, max_texts_per_call=4, max_text_chars=50, max_queued_texts=4
     )
     server = await start_server(settings)
     yield server
@@ -57,9 +59,8 @@ async def test_hashing_server_embeds_in_order(
         ([], grpc.StatusCode.INVALID_ARGUMENT),
         (["a"] * 5, grpc.StatusCode.INVALID_ARGUMENT),
         (["x" * 51], grpc.StatusCode.INVALID_ARGUMENT),
-        (["a", "b", "c", "d"], grpc.StatusCode.RESOURCE_EXHAUSTED),
     ],
-    ids=["empty", "too-many", "too-long", "past-admission-bound"],
+    ids=["empty", "too-many", "too-long"],
 )
 async def test_limits_map_to_status_codes(
     hashing_stub: embed_pb2_grpc.EmbedServiceStub, texts: list[str], code: grpc.StatusCode
@@ -67,6 +68,30 @@ async def test_limits_map_to_status_codes(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await hashing_stub.Embed(embed_pb2.EmbedRequest(texts=texts))
     assert caught.value.code() == code
+
+
+async def test_past_the_admission_bound_is_resource_exhausted() -> None:
+    """Texts already in flight leave no room for a call: retry later. A call that could never
+    fit is a setting refused at start."""
+    fake = FakeEmbedder(asyncio.get_running_loop())
+    fake.gate.clear()  # the model holds what it is given
+    settings = EmbedSettings(port=0, max_texts_per_call=4, max_queued_texts=4)
+    server = await start_server(settings, embedder=fake)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = embed_pb2_grpc.EmbedServiceStub(channel)
+            held = stub.Embed(embed_pb2.EmbedRequest(texts=["a", "b", "c"]))  # under way
+            await fake.entered.wait()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Embed(embed_pb2.EmbedRequest(texts=["d", "e"]))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            fake.gate.set()
+            assert (await held).dim == fake.dim
+    finally:
+        fake.gate.set()
+        await server.stop(grace=1.0)
+    with pytest.raises(ValueError, match="EMBED_MAX_QUEUED_TEXTS"):
+        EmbedSettings(max_texts_per_call=4, max_queued_texts=3)
 
 
 async def test_not_ready_is_unavailable_once_shutdown_begins() -> None:

@@ -176,3 +176,17 @@ def test_auto_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> Non
     assert 0 < model.cpu_bfloat16_speedup() < 100  # a ratio of two real timings
     assert pick_dtype("bfloat16", "cpu") == torch.bfloat16
     assert pick_dtype("float32", "cuda") == torch.float32
+
+
+def test_auto_dtype_on_a_gpu_takes_bfloat16_only_in_hardware(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU before Ampere runs bfloat16 only emulated, which torch's default check counts."""
+
+    def supported(including_emulation: bool = True) -> bool:
+        return including_emulation  # a Volta or Turing
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
+    assert pick_dtype("auto", "cuda") == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert pick_dtype("auto", "cuda") == torch.bfloat16
