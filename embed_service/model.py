@@ -31,20 +31,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_TOKENS = 384
-# A word-piece never spans more than 100 characters and natural text averages under 6 per
-# token, so this many characters always hold the first 384 tokens of real text. Clipping first
-# keeps a megabyte-long input from costing a megabyte of tokenization.
-_CLIP_CHARS = 64 * MAX_TOKENS
 # Tokenizing costs time in a text's length, and the model reads only its first 384 tokens. A
-# text is tokenized first from a prefix of whole words, cut before a space or line break. The
-# BERT normalizer changes characters in place (lower-casing; combining marks never move across
-# a space) and the BERT pre-tokenizer splits words at whitespace, so that prefix's tokens are
-# the whole text's first tokens. A prefix that yields fewer than 384 tokens is tokenized again,
-# from the first _CLIP_CHARS: at most _PREFIX_CHARS characters more work, for texts of long
-# words or of few spaces. LongMemEval windows of 5 messages (median 4,970 characters) took
-# 3.0-3.5 ms of CPU each outright and 1.8-2.0 ms with the prefix
-# (benchmarks/embed/bench_tokenize.py). A tokenizer of other kinds tokenizes outright.
+# text is tokenized from a prefix first: with the BERT tokenizer, its whole words within the
+# first _PREFIX_CHARS characters, cut before a space or line break. The BERT normalizer
+# changes characters in place (lower-casing; combining marks never move across a space) and
+# the BERT pre-tokenizer splits words at whitespace, so that prefix's tokens are the whole
+# text's first tokens. A prefix that yields fewer than 384 tokens is followed by one 8 times
+# as long, and so on up to the whole text: a text of long words (a word over 100 characters is
+# one [UNK]) or of long runs of whitespace takes a pass or two more, and none loses the words
+# past its prefix. LongMemEval windows of 5 messages (median 4,970 characters) took 3.0-3.5 ms
+# of CPU each outright and 1.8-2.0 ms with the prefix (benchmarks/embed/bench_tokenize.py).
 _PREFIX_CHARS = 8 * MAX_TOKENS
+# A tokenizer of other kinds starts from this many characters, cut anywhere: natural text
+# averages under 6 characters a token, so they hold its first 384 tokens.
+_CLIP_CHARS = 64 * MAX_TOKENS
+# Each prefix after the first is this many times as long as the one before.
+_PREFIX_GROWTH = 8
 # bfloat16 is picked on a CPU only this many times as fast as float32, so that timing noise
 # does not flip the choice where the two are close.
 _BFLOAT16_MARGIN = 1.2
@@ -228,21 +230,33 @@ class TransformerEmbedder:
         return self._pad_id
 
     def tokenize(self, texts: Sequence[str]) -> list[TokenIds]:
-        """Token ids with <s> and </s>, truncated to 384 tokens; thread-safe."""
-        prefixes = [_word_prefix(t) if self._cuts_at_whitespace else None for t in texts]
-        encodings = self._tokenizer.encode_batch(
-            [t[:_CLIP_CHARS] if p is None else p for t, p in zip(texts, prefixes, strict=True)]
-        )
-        again = [
-            i
-            for i, (p, e) in enumerate(zip(prefixes, encodings, strict=True))
-            if p is not None and len(e.ids) < MAX_TOKENS
-        ]
-        if again:
-            whole = self._tokenizer.encode_batch([texts[i][:_CLIP_CHARS] for i in again])
-            for i, encoding in zip(again, whole, strict=True):
-                encodings[i] = encoding
-        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+        """Token ids with <s> and </s>, truncated to 384 tokens; thread-safe. Each text is
+        tokenized from a prefix, then from longer ones while a prefix yields fewer than 384
+        tokens and the text goes on past it (_PREFIX_CHARS)."""
+        ids: list[TokenIds] = [np.empty(0, dtype=np.int64)] * len(texts)
+        todo = list(range(len(texts)))
+        chars = _PREFIX_CHARS if self._cuts_at_whitespace else _CLIP_CHARS
+        while todo:
+            pieces = [self._prefix(texts[i], chars) for i in todo]
+            later = []
+            for i, piece, encoding in zip(
+                todo, pieces, self._tokenizer.encode_batch(pieces), strict=True
+            ):
+                if len(encoding.ids) < MAX_TOKENS and len(piece) < len(texts[i]):
+                    later.append(i)
+                else:
+                    ids[i] = np.asarray(encoding.ids, dtype=np.int64)
+            todo, chars = later, chars * _PREFIX_GROWTH
+        return ids
+
+    def _prefix(self, text: str, chars: int) -> str:
+        """The text, if no longer than `chars`; else its first `chars` characters, cut before
+        their last space or line break where the tokenizer splits words at whitespace."""
+        if len(text) <= chars:
+            return text
+        head = text[:chars]
+        cut = max(head.rfind(" "), head.rfind("\n")) if self._cuts_at_whitespace else -1
+        return head[:cut] if cut > 0 else head
 
     def embed(self, batch: Sequence[TokenIds]) -> Vectors:
         """Pad the batch, run the encoder, mean-pool over real tokens, L2-normalize."""
@@ -303,13 +317,3 @@ def pooled_unit_vectors(hidden: torch.Tensor, attention: torch.Tensor) -> torch.
     # Pool in fp32: summing up to 384 bf16 rows loses precision otherwise.
     pooled = (hidden.to(torch.float32) * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
     return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
-
-
-def _word_prefix(text: str) -> str | None:
-    """The text's whole words within its first _PREFIX_CHARS characters, or None when the text
-    is no longer than that or has no space or line break there to cut at."""
-    if len(text) <= _PREFIX_CHARS:
-        return None
-    head = text[:_PREFIX_CHARS]
-    cut = max(head.rfind(" "), head.rfind("\n"))
-    return head[:cut] if cut > 0 else None

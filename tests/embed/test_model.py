@@ -101,7 +101,8 @@ def test_cuda_model_leaves_cudnn_attention_out(real_model: TransformerEmbedder) 
 
 def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEmbedder) -> None:
     """A long text is tokenized from a prefix of whole words first; the ids must be those of
-    the text itself, whether that prefix holds 384 tokens or too few, or cannot be cut."""
+    the text itself, whether that prefix holds 384 tokens or too few, or cannot be cut, and
+    however far past it the text's first 384 tokens reach."""
     from tokenizers import Tokenizer
 
     from embed_service.assembly import ensure_model_folder
@@ -128,8 +129,12 @@ def test_long_texts_get_the_tokens_of_their_whole_text(real_model: TransformerEm
         "w " * (_PREFIX_CHARS // 2) + "w",
         ("word " * 2_000)[: _CLIP_CHARS + 500],
         "short",
+        # Past the first 64 characters a token: a pasted blob (one [UNK]), a run of spaces.
+        "QUJD" * 8_000 + " the invoice was paid on Friday" * 20,
+        " " * 30_000 + "hello world",
+        "\n" * 200_000 + "hello",
     ]
-    expected = [e.ids for e in reference.encode_batch([t[:_CLIP_CHARS] for t in texts])]
+    expected = [e.ids for e in reference.encode_batch(texts)]
     assert [list(ids) for ids in real_model.tokenize(texts)] == expected
 
 
