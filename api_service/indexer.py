@@ -206,8 +206,11 @@ class Indexer:
         """The texts' vectors, embedded at most `_embed_size` texts a call. A call that runs
         past its deadline is split in two and each half tried again, and later calls keep the
         smaller size: the model on a CPU can take longer over a full batch than the deadline
-        allows, and retrying the whole batch would fail the same way for ever. After
-        GROW_AFTER_CALLS embeddings whose calls all fit, the size doubles again."""
+        allows, and retrying the whole batch would fail the same way for ever. A half that
+        runs past its deadline too fails the embedding, to be retried later at the size now
+        kept: an embed service that holds calls without answering costs two deadlines, not
+        one for every text. After GROW_AFTER_CALLS embeddings whose calls all fit, the size
+        doubles again."""
         texts = [embedded_text(text) for text in texts]
         size = self._embed_size
         parts = [
@@ -220,12 +223,12 @@ class Indexer:
                 self._embed_size, self._fitted = min(self._batch_size, 2 * size), 0
         return np.vstack(parts)
 
-    async def _embed_call(self, texts: Sequence[str]) -> Vectors:
+    async def _embed_call(self, texts: Sequence[str], split: bool = True) -> Vectors:
         try:
             async with self._embed_slots:
                 return await self._embedder.embed(texts, self._embed_timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or len(texts) == 1:
+            if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or len(texts) == 1 or not split:
                 raise
         half = len(texts) // 2
         if half < self._embed_size:
@@ -234,7 +237,10 @@ class Indexer:
                 "indexer: embedding %d texts ran past the deadline; now %d a call", len(texts), half
             )
         return np.vstack(
-            [await self._embed_call(texts[:half]), await self._embed_call(texts[half:])]
+            [
+                await self._embed_call(texts[:half], split=False),
+                await self._embed_call(texts[half:], split=False),
+            ]
         )
 
     async def index_now(
