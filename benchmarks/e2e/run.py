@@ -690,7 +690,8 @@ async def postgres_setup(pg_url: str) -> dict[str, Any]:
     conn = await asyncpg.connect(pg_url)
     try:
         settings = await conn.fetch(
-            "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1::text[])",
+            "SELECT name, current_setting(name) AS shown FROM pg_settings "
+            "WHERE name = ANY($1::text[])",
             ["shared_buffers", "work_mem", "maintenance_work_mem", "effective_cache_size"],
         )
         return {
@@ -698,7 +699,7 @@ async def postgres_setup(pg_url: str) -> dict[str, Any]:
             "pgvector": await conn.fetchval(
                 "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
             ),
-            "postgres_settings": {r["name"]: f"{r['setting']}{r['unit'] or ''}" for r in settings},
+            "postgres_settings": {r["name"]: r["shown"] for r in settings},
         }
     finally:
         await conn.close()
