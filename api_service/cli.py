@@ -401,7 +401,11 @@ def main(argv: list[str] | None = None) -> None:
         _check_database_url(settings.database_url)
         args.run(settings, args)
     except ValidationError as exc:  # the values are left out: a URL may hold a password
-        fields = ", ".join(f"MEMORY_{str(e['loc'][0]).upper()}" for e in exc.errors() if e["loc"])
+        fields = ", ".join(  # MEMORY_LIMITS__CONTENT_CHARS for a nested one
+            "MEMORY_" + "__".join(str(part).upper() for part in e["loc"] if isinstance(part, str))
+            for e in exc.errors()
+            if e["loc"]
+        )
         _fail(f"invalid setting: {fields} (`python -m api_service --help` lists the settings)")
     except (CliError, ServiceError) as exc:
         _fail(str(exc))

@@ -223,7 +223,14 @@ class Shared(Generic[T]):
     async def __call__(self) -> T:
         if self._running is None or self._running.done():
             self._running = asyncio.ensure_future(self._work())
+            self._running.add_done_callback(_seen)
         return await asyncio.shield(self._running)  # a caller that leaves stops no one else
+
+
+def _seen(done: asyncio.Future[Any]) -> None:
+    """Take a finished run's exception, which its callers may all have left without."""
+    if not done.cancelled():
+        done.exception()
 
 
 def _add_operations(app: FastAPI, runtime: Runtime) -> None:

@@ -57,9 +57,12 @@ async def load_on_a_thread_that_ends(settings: EmbedSettings) -> Embedder:
     on a CPU, have the only one."""
     loader = ThreadPoolExecutor(1, "embed-load")
     try:
-        return await asyncio.get_running_loop().run_in_executor(loader, load_embedder, settings)
-    finally:
-        loader.shutdown(wait=True)  # idle by now: its thread ends at once
+        embedder = await asyncio.get_running_loop().run_in_executor(loader, load_embedder, settings)
+    except BaseException:
+        loader.shutdown(wait=False)  # a load cancelled midway ends in its own time
+        raise
+    loader.shutdown(wait=True)  # idle: its thread ends at once
+    return embedder
 
 
 async def start_server(settings: EmbedSettings, embedder: Embedder | None = None) -> EmbedServer:

@@ -237,11 +237,11 @@ class TransformerEmbedder:
         todo = list(range(len(texts)))
         chars = _PREFIX_CHARS if self._cuts_at_whitespace else _CLIP_CHARS
         while todo:
-            pieces = [self._prefix(texts[i], chars) for i in todo]
-            later = []
-            for i, piece, encoding in zip(
-                todo, pieces, self._tokenizer.encode_batch(pieces), strict=True
-            ):
+            prefixes = [(i, self._prefix(texts[i], chars)) for i in todo]
+            later = [i for i, piece in prefixes if piece is None]  # nowhere to cut yet
+            pieces = [(i, piece) for i, piece in prefixes if piece is not None]
+            encodings = self._tokenizer.encode_batch([piece for _, piece in pieces])
+            for (i, piece), encoding in zip(pieces, encodings, strict=True):
                 if len(encoding.ids) < MAX_TOKENS and len(piece) < len(texts[i]):
                     later.append(i)
                 else:
@@ -249,14 +249,17 @@ class TransformerEmbedder:
             todo, chars = later, chars * _PREFIX_GROWTH
         return ids
 
-    def _prefix(self, text: str, chars: int) -> str:
+    def _prefix(self, text: str, chars: int) -> str | None:
         """The text, if no longer than `chars`; else its first `chars` characters, cut before
-        their last space or line break where the tokenizer splits words at whitespace."""
+        their last space or line break where the tokenizer splits words at whitespace (None
+        if they hold neither: a cut inside a word could give it other tokens)."""
         if len(text) <= chars:
             return text
         head = text[:chars]
-        cut = max(head.rfind(" "), head.rfind("\n")) if self._cuts_at_whitespace else -1
-        return head[:cut] if cut > 0 else head
+        if not self._cuts_at_whitespace:
+            return head
+        cut = max(head.rfind(" "), head.rfind("\n"))
+        return head[:cut] if cut > 0 else None
 
     def embed(self, batch: Sequence[TokenIds]) -> Vectors:
         """Pad the batch, run the encoder, mean-pool over real tokens, L2-normalize."""

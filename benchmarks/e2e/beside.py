@@ -4,9 +4,10 @@ On a shared 2-core machine both drift by a third or more within minutes: two run
 one Zen 3 had the shard at 4.17 and 3.21 ms (nprobe 8) and Chroma at 2.89 and 3.92 ms
 (ef_search 40), so searches timed in separate phases ranked them either way. Here the two take
 turns, one query each, each answering first every other query, so both see the same drift,
-and each call comes after one of the other's, with the caches it left. (In runs up to 7e31552 the
-shard always went first, so what its server did after answering overlapped the alternative's
-timed call.)
+and each is timed half the time right after the other's call, with the caches and the work
+left running it left, and half the time after its own. (In runs up to 7e31552 the shard
+always went first, so what its server did after answering overlapped only the alternative's
+timed calls.)
 
 The shard is timed at one nprobe for each alternative setting: the smallest that finds at
 least as much as that setting (ShardProbe.matching), by the recall the service's own shard
@@ -119,7 +120,7 @@ async def alternate(
             await ask(queries[step])
         for step, query in enumerate(queries):
             # Each goes first every other query: what one leaves running after its answer
-            # (a server's bookkeeping) then slows the other's half the time, either way.
+            # (a server's bookkeeping) slows the other's call or its own next one alike.
             if step % 2:
                 shard.search(step)
             t0 = time.perf_counter()

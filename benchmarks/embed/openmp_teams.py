@@ -94,7 +94,13 @@ def main() -> None:
         receive, send = spawn.Pipe(duplex=False)
         process = spawn.Process(target=child, args=(variant, args, texts, send))
         process.start()
-        figures = receive.recv()
+        send.close()  # the child's copy is the only one: its end is the pipe's end
+        try:
+            figures = receive.recv()
+        except EOFError:
+            process.join()
+            exit_code = process.exitcode
+            raise SystemExit(f"{variant}: the process measuring it ended ({exit_code})") from None
         process.join()
         results["variants"][variant] = figures
         print(f"{variant}: " + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()), flush=True)

@@ -127,6 +127,15 @@ def test_a_bad_setting_is_named_without_its_value(database_url: str) -> None:
     assert failed.returncode == 1 and "invalid setting: MEMORY_DB_POOL_MAX" in failed.stderr
     assert "python -m api_service --help" in failed.stderr
     assert "Traceback" not in failed.stderr and "s3cret" not in failed.stderr
+    env = {**os.environ, "DATABASE_URL": database_url, "MEMORY_LIMITS__CONTENT_CHARS": "lots"}
+    nested = subprocess.run(
+        [sys.executable, "-m", "api_service.cli", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "invalid setting: MEMORY_LIMITS__CONTENT_CHARS" in nested.stderr
 
 
 async def test_org_delete_leaves_nothing_of_the_org(database_url: str) -> None:
