@@ -34,8 +34,11 @@ ORG_TABLES = (
 )
 
 
-def memctl(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": database_url}
+def memctl(
+    database_url: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """memctl run with `args` on `database_url`, `env` added to the environment."""
+    env = {**os.environ, "DATABASE_URL": database_url, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "api_service.cli", *args],
         env=env,
@@ -116,25 +119,11 @@ def test_a_malformed_database_url_is_named_without_its_password(database_url: st
 
 
 def test_a_bad_setting_is_named_without_its_value(database_url: str) -> None:
-    env = {**os.environ, "DATABASE_URL": database_url, "MEMORY_DB_POOL_MAX": "many-s3cret"}
-    failed = subprocess.run(
-        [sys.executable, "-m", "api_service.cli", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    failed = memctl(database_url, "migrate", env={"MEMORY_DB_POOL_MAX": "many-s3cret"})
     assert failed.returncode == 1 and "invalid setting: MEMORY_DB_POOL_MAX" in failed.stderr
     assert "python -m api_service --help" in failed.stderr
     assert "Traceback" not in failed.stderr and "s3cret" not in failed.stderr
-    env = {**os.environ, "DATABASE_URL": database_url, "MEMORY_LIMITS__CONTENT_CHARS": "lots"}
-    nested = subprocess.run(
-        [sys.executable, "-m", "api_service.cli", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    nested = memctl(database_url, "migrate", env={"MEMORY_LIMITS__CONTENT_CHARS": "lots"})
     assert "invalid setting: MEMORY_LIMITS__CONTENT_CHARS" in nested.stderr
 
 
