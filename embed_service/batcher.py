@@ -7,9 +7,11 @@
   carries little padding, and cuts batches under a text count and a padded-token budget. Texts
   that arrive during a round wait for the next one, so no text waits more than one round,
   except the texts of small calls (INTERACTIVE_TEXTS: a search's query, a short append's
-  windows), which go ahead of the round's next batch: on a CPU a round of indexing can take
-  minutes, past a search's deadline.
-- A caller that went away is skipped when its batch is dispatched.
+  windows), which never join a round: they go ahead of its next batch, or run once its last
+  batch has started, in a batch of their own: on a CPU a round of indexing can take minutes,
+  past a search's deadline, and a batch of windows many times a query's time.
+- A caller that goes away takes its waiting texts with it; those the worker has already taken
+  into a round are skipped when their batch is dispatched.
 - A batch that raises fails every request with a text in it; the worker carries on.
 """
 
@@ -49,12 +51,13 @@ class BatchLimits:
 class _Request:
     """One caller's texts; the worker writes their vectors straight into `vectors`."""
 
-    __slots__ = ("future", "remaining", "vectors")
+    __slots__ = ("future", "remaining", "small", "vectors")
 
     def __init__(self, count: int, dim: int, future: asyncio.Future[Vectors]) -> None:
         self.vectors: Vectors = np.empty((count, dim), dtype=np.float32)
         self.remaining = count
         self.future = future
+        self.small = count <= INTERACTIVE_TEXTS
 
     def deliver(self, index: int, vector: Vectors) -> None:
         if self.future.done():
@@ -145,8 +148,13 @@ class Batcher:
             self._wakeup.set()
             return await request.future
         finally:
-            # On cancellation this marks the request done, so the worker skips its texts.
-            request.future.cancel()
+            # Unanswered (cancelled, or failed by a batch that held some of its texts): the
+            # request is marked done, so the worker skips what it took already, and the texts
+            # still waiting go now, not when the worker reaches them. Admission counts only
+            # live calls, so without this, callers that time out while the model is busy
+            # would pile up texts past the bound.
+            if request.future.cancel() or request.remaining:
+                state.pending = [it for it in state.pending if it.request is not request]
             state.admitted -= count
 
     async def close(self) -> None:
@@ -164,7 +172,11 @@ class Batcher:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            items, self._state.pending = self._state.pending, []
+            # Small calls stay waiting: _dispatch_round starts them ahead of the round's
+            # batches, and after its last.
+            state = self._state
+            items = [it for it in state.pending if not it.request.small]
+            state.pending = [it for it in state.pending if it.request.small]
             try:
                 await self._dispatch_round(items)
             except Exception as exc:
@@ -175,6 +187,8 @@ class Batcher:
             # Not in a `finally`: on cancellation `close` still needs the round's leftovers.
             self._state.round = []
             self._state.round_left = 0
+            if state.pending:  # small calls past the one batch the round ended with
+                self._wakeup.set()
 
     async def _dispatch_round(self, items: list[_Item]) -> None:
         live = sorted(
@@ -199,17 +213,21 @@ class Batcher:
                 self._slots.release()
                 continue
             self._start_batch(batch)
+        # Small calls that came while the last batch waited for its slot (or all the round
+        # had): one batch of them before the next round, as before each of this one's.
+        await self._slots.acquire()
+        interactive = self._take_interactive()
+        if interactive:
+            self._start_batch(interactive)
+        else:
+            self._slots.release()
 
     def _take_interactive(self) -> list[_Item]:
         """One batch of the waiting texts of small calls (INTERACTIVE_TEXTS), taken out of
         `pending`, shortest first; empty if there are none."""
         state = self._state
         small = sorted(
-            (
-                it
-                for it in state.pending
-                if it.request.vectors.shape[0] <= INTERACTIVE_TEXTS and not it.request.future.done()
-            ),
+            (it for it in state.pending if it.request.small and not it.request.future.done()),
             key=lambda it: len(it.ids),
         )
         if not small:

@@ -17,13 +17,18 @@ class FakeEmbedder:
     """Token ids are the text's character codes; a vector is [length, first code, 0, 0].
 
     `gate` closed makes `embed` block until the test opens it; `entered` is set (on the event
-    loop) each time a batch reaches the model. A text containing "!" makes its batch fail.
+    loop) each time a batch reaches the model. A batch holding a text of `held` then blocks
+    until `release` is set, so one batch can stay with the model while others pass. A text
+    containing "!" makes its batch fail.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.gate = threading.Event()
         self.gate.set()
+        self.held: frozenset[str] = frozenset()
+        self.release = threading.Event()
+        self.release.set()
         self.entered = asyncio.Event()
         self.batches: list[list[str]] = []
 
@@ -47,6 +52,8 @@ class FakeEmbedder:
         self.batches.append(texts)
         self._loop.call_soon_threadsafe(self.entered.set)
         self.gate.wait()
+        if self.held.intersection(texts):
+            self.release.wait()
         if any(POISON in t for t in texts):
             raise RuntimeError("poisoned batch")
         out = np.zeros((len(batch), 4), dtype=np.float32)

@@ -41,6 +41,7 @@ async def make_batcher(fake: FakeEmbedder) -> AsyncIterator[Callable[..., Batche
 
     yield make
     fake.gate.set()
+    fake.release.set()
     for batcher in made:
         await batcher.close()
 
@@ -61,6 +62,14 @@ async def _block_model(fake: FakeEmbedder, batcher: Batcher) -> asyncio.Task[obj
     task = asyncio.create_task(batcher.embed(["blocker"]))
     await fake.entered.wait()
     return task
+
+
+async def _round_waiting(batcher: Batcher, texts: list[str]) -> asyncio.Task[object]:
+    """Start a call of more texts than go ahead as a small call's, and return once the worker
+    has taken them into a round, where they wait for the model."""
+    call = asyncio.create_task(batcher.embed(texts))
+    await _until(lambda: batcher.waiting_texts == len(texts) and not batcher._state.pending)
+    return call
 
 
 async def test_vectors_come_back_in_request_order(make_batcher: Callable[..., Batcher]) -> None:
@@ -105,29 +114,46 @@ async def test_cancelled_caller_is_skipped(
     assert batcher.queued_texts == 0
 
 
+async def test_a_cancelled_callers_waiting_texts_leave_with_it(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    """Admission counts live calls only, so the texts of callers that gave up while a round
+    waits for the model must not stay behind: they would pile up past the bound."""
+    batcher = make_batcher(max_queued_texts=10)
+    blocker = await _block_model(fake, batcher)
+    holder = await _round_waiting(batcher, ["h1", "h2", "h3", "h4", "h5"])
+    for size in (1, 3, 4, 1):  # each fills the bound, then times out
+        gone = asyncio.create_task(batcher.embed([f"g{i}" for i in range(size)]))
+        await _until(lambda n=5 + size: batcher.waiting_texts == n)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        assert batcher.waiting_texts == 5
+        assert batcher.queued_texts == 6  # the blocker and the holder
+    fake.gate.set()
+    await asyncio.gather(blocker, holder)
+    assert fake.seen() == ["blocker", "h1", "h2", "h3", "h4", "h5"]
+
+
 async def test_failed_batch_fails_every_waiter_and_worker_lives(
     fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
 ) -> None:
     batcher = make_batcher()
     blocker = await _block_model(fake, batcher)
-    # A call the worker takes into a round of its own, where it waits for the model: the two
-    # small calls after it then go ahead of it together, in whichever order their tokenizing
-    # ends (without it the worker could take the first before the second came).
-    holder = asyncio.create_task(batcher.embed(["holder"]))
-    await _until(lambda: batcher.waiting_texts == 1)
-    for _ in range(3):
-        await asyncio.sleep(0)  # the worker, woken by the holder's arrival, takes it
+    # A call too large to go ahead, which the worker takes into a round where it waits for
+    # the model: the two small calls after it then go ahead of it together, in whichever order
+    # their tokenizing ends (without it the worker could take the first before the second came).
+    holder = await _round_waiting(batcher, ["h1", "h2", "h3", "h4", "h5"])
     poisoned = asyncio.create_task(batcher.embed(["fine", "bad!"]))
     neighbour = asyncio.create_task(batcher.embed(["neighbour"]))
-    await _until(lambda: batcher.waiting_texts == 4)
+    await _until(lambda: batcher.waiting_texts == 8)
     fake.gate.set()
     await blocker
-    assert (await holder)[0, 0] == len("holder")
+    assert (await holder)[:, 0].tolist() == [2] * 5
     results = await asyncio.gather(poisoned, neighbour, return_exceptions=True)
     assert all(isinstance(r, BatchFailed) for r in results)
     assert [sorted(batch) for batch in fake.batches[1:]] == [
         ["bad!", "fine", "neighbour"],
-        ["holder"],
+        ["h1", "h2", "h3", "h4", "h5"],
     ]
     assert batcher.alive
     after = await batcher.embed(["after"])
@@ -157,16 +183,55 @@ async def test_a_small_call_goes_ahead_of_the_rest_of_a_round(
     before that round's next batch, not after its last: on a CPU a round can take minutes."""
     batcher = make_batcher(batch_max_texts=2)
     blocker = await _block_model(fake, batcher)
-    bulk_texts = ["a1", "a2", "a3", "a4", "a5", "a6"]
-    bulk = asyncio.create_task(batcher.embed(bulk_texts))
-    # The round has taken the bulk call's texts and waits for the model.
-    await _until(lambda: batcher.waiting_texts == 6 and not batcher._state.pending)
+    bulk = await _round_waiting(batcher, ["a1", "a2", "a3", "a4", "a5", "a6"])
     query = asyncio.create_task(batcher.embed(["q"]))
     await _until(lambda: batcher.waiting_texts == 7)
     fake.gate.set()
     await asyncio.gather(blocker, bulk, query)
     assert fake.batches == [["blocker"], ["q"], ["a1", "a2"], ["a3", "a4"], ["a5", "a6"]]
     assert (await query)[0].tolist() == [1, ord("q"), 0, 0]
+
+
+async def test_a_small_call_goes_ahead_of_the_next_round(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    """A search's text arriving while a round's last batch waits for the model runs alone
+    next, not in the next round's first batch beside the texts of larger calls."""
+    batcher = make_batcher(batch_max_texts=5)
+    fake.gate.clear()
+    first = [f"a{i}" for i in range(10)]
+    round_one = asyncio.create_task(batcher.embed(first))
+    await fake.entered.wait()  # the round's first batch of two
+    query_one = asyncio.create_task(batcher.embed(["q1"]))
+    await _until(lambda: batcher.waiting_texts == 6)
+    # q1 goes ahead of the round's last batch and stays with the model; meanwhile a larger
+    # call and a second query come.
+    fake.held = frozenset({"q1"})
+    fake.release.clear()
+    fake.gate.set()
+    await _until(lambda: fake.seen()[-1:] == ["q1"])
+    later = [f"b{i}" for i in range(5)]
+    round_two = asyncio.create_task(batcher.embed(later))
+    query_two = asyncio.create_task(batcher.embed(["q2"]))
+    await _until(lambda: batcher.waiting_texts == 11)
+    fake.release.set()
+    await asyncio.gather(round_one, query_one, round_two, query_two)
+    assert fake.batches == [first[:5], ["q1"], first[5:], ["q2"], later]
+
+
+async def test_small_calls_alone_are_all_answered(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    """More small calls than one batch holds, with no round to go ahead of."""
+    batcher = make_batcher(batch_max_texts=2)
+    blocker = await _block_model(fake, batcher)
+    calls = [asyncio.create_task(batcher.embed([f"s{i}"])) for i in range(5)]
+    await _until(lambda: batcher.waiting_texts == 5)
+    fake.gate.set()
+    await blocker
+    vectors = await asyncio.gather(*calls)
+    assert [v[0, 0] for v in vectors] == [2] * 5
+    assert sorted(len(batch) for batch in fake.batches[1:]) == [1, 2, 2]
 
 
 async def test_close_fails_waiting_callers_and_refuses_new_ones(
