@@ -8,8 +8,9 @@
   that arrive during a round wait for the next one, so no text waits more than one round,
   except the texts of small calls (INTERACTIVE_TEXTS: a search's query, a short append's
   windows), which never join a round: they go ahead of its next batch, or run once its last
-  batch has started, in a batch of their own: on a CPU a round of indexing can take minutes,
-  past a search's deadline, and a batch of windows many times a query's time.
+  batch has started, first come first served, in a batch of their own: on a CPU a round of
+  indexing can take minutes, past a search's deadline, and a batch of windows many times a
+  query's time.
 - A caller that goes away takes its waiting texts with it; those the worker has already taken
   into a round are skipped when their batch is dispatched.
 - A batch that raises fails every request with a text in it; the worker carries on.
@@ -187,8 +188,8 @@ class Batcher:
             # Not in a `finally`: on cancellation `close` still needs the round's leftovers.
             self._state.round = []
             self._state.round_left = 0
-            if state.pending:  # small calls past the one batch the round ended with
-                self._wakeup.set()
+            if state.pending:  # small calls past the one batch the round ended with (live:
+                self._wakeup.set()  # _take_interactive dropped the rest)
 
     async def _dispatch_round(self, items: list[_Item]) -> None:
         live = sorted(
@@ -224,24 +225,31 @@ class Batcher:
 
     def _take_interactive(self) -> list[_Item]:
         """One batch of the waiting texts of small calls (INTERACTIVE_TEXTS), taken out of
-        `pending`, shortest first; empty if there are none."""
+        `pending` in the order they came, as many as fit under the batch limits (a text over
+        the token budget alone); empty if there are none. First come, because shortest first
+        would keep a long window of a short append waiting while shorter queries kept coming.
+
+        The texts of callers that went away are dropped here too: a caller's own cleanup runs
+        when its task next runs, and until then the worker would find them waiting, wake
+        itself for them and, with a slot free, never yield to the loop."""
         state = self._state
-        small = sorted(
-            (it for it in state.pending if it.request.small and not it.request.future.done()),
-            key=lambda it: len(it.ids),
-        )
-        if not small:
-            return []
-        first = next(
-            plan_batches(
-                [len(it.ids) for it in small],
-                self._limits.batch_max_texts,
-                self._limits.batch_token_budget,
-            )
-        )
-        taken = {id(small[i]) for i in first}
+        state.pending = [it for it in state.pending if not it.request.future.done()]
+        batch: list[_Item] = []
+        longest = 0
+        for item in state.pending:
+            if not item.request.small:
+                continue
+            longest = max(longest, len(item.ids))
+            count = len(batch) + 1
+            if batch and (
+                count > self._limits.batch_max_texts
+                or count * longest > self._limits.batch_token_budget
+            ):
+                break
+            batch.append(item)
+        taken = {id(item) for item in batch}
         state.pending = [it for it in state.pending if id(it) not in taken]
-        return [small[i] for i in first]
+        return batch
 
     def _start_batch(self, batch: list[_Item]) -> None:
         """Run `batch` on the model, in the slot its caller acquired."""

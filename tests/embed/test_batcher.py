@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
 import pytest
 
-from embed_service.batcher import Batcher, BatchLimits, plan_batches
+from embed_service.batcher import Batcher, BatchLimits, _Item, _Request, plan_batches
 from embed_service.errors import BatchFailed, NotReady, Overloaded
 from tests.embed.fakes import FakeEmbedder
 
@@ -232,6 +233,41 @@ async def test_small_calls_alone_are_all_answered(
     vectors = await asyncio.gather(*calls)
     assert [v[0, 0] for v in vectors] == [2] * 5
     assert sorted(len(batch) for batch in fake.batches[1:]) == [1, 2, 2]
+
+
+async def test_small_calls_go_first_come(
+    fake: FakeEmbedder, make_batcher: Callable[..., Batcher]
+) -> None:
+    """A short append's long window is not overtaken by shorter queries that came after it:
+    shortest first would keep it waiting for as long as they kept coming."""
+    batcher = make_batcher(batch_token_budget=12)
+    blocker = await _block_model(fake, batcher)
+    window = asyncio.create_task(batcher.embed(["w" * 10]))
+    await _until(lambda: batcher.waiting_texts == 1)
+    queries = [asyncio.create_task(batcher.embed([f"q{i}"])) for i in range(3)]
+    await _until(lambda: batcher.waiting_texts == 4)
+    fake.gate.set()
+    await asyncio.gather(blocker, window, *queries)
+    assert fake.batches[1] == ["w" * 10]
+    assert sorted(fake.batches[2]) == ["q0", "q1", "q2"]
+
+
+@pytest.mark.timeout(10)
+async def test_texts_of_a_caller_gone_before_its_cleanup_do_not_stall_the_worker(
+    make_batcher: Callable[..., Batcher],
+) -> None:
+    """A caller's deadline can expire in the same pass of the loop as the worker wakes: its
+    request is then done while its text still waits, until the caller's task runs again. The
+    worker, with a slot free, must not go round for it without yielding (the loop would
+    freeze: no call, health check or signal served)."""
+    batcher = make_batcher()
+    gone = _Request(1, 4, asyncio.get_running_loop().create_future())
+    gone.future.cancel()
+    batcher._state.pending.append(_Item(gone, 0, np.array([1], dtype=np.int64)))
+    batcher._wakeup.set()
+    vectors = await asyncio.wait_for(batcher.embed(["after"]), 5)
+    assert vectors[0, 0] == len("after")
+    assert not batcher._state.pending
 
 
 async def test_close_fails_waiting_callers_and_refuses_new_ones(
