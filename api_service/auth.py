@@ -66,11 +66,16 @@ def parse_scopes(text: str) -> list[str]:
     return scopes
 
 
+def new_secret() -> str:
+    """A new key's secret: KEY_PREFIX and 43 random url-safe characters."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
 async def issue_key(
     conn: Conn, org_id: str, scopes: list[str], expires_in_days: float | None
 ) -> tuple[str, ApiKey]:
     """Create a key; return the secret (shown once, never stored) and its record."""
-    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    secret = new_secret()
     expires_at = (
         None if expires_in_days is None else datetime.now(UTC) + timedelta(days=expires_in_days)
     )

@@ -112,11 +112,13 @@ def luhn_valid(digits: str) -> bool:
     return total % 10 == 0
 
 
-# Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5. The first
-# digit is matched before the look-behind so that re scans only from digits (7x faster). Its
-# back-references keep it on re; every repeat is bounded.
+# Card numbers as people write them: unbroken, in groups of four, or Amex's 4-6-5; not after
+# a plus sign, where they are phone numbers. The first digit is matched before the
+# look-behind so that re scans only from digits (7x faster). Its back-references keep it on
+# re; every repeat is bounded.
 _CARD = re.compile(
-    r"\d(?<![\d-]\d)(?:\d{12,18}|\d{3}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{3}([ -])\d{6}\2\d{4,5})"
+    r"\d(?<![\d+-]\d)"
+    r"(?:\d{12,18}|\d{3}(?:([ -])\d{4}){2,3}(?:\1\d{1,3})?|\d{3}([ -])\d{6}\2\d{4,5})"
     r"(?![\d-])"
 )
 
@@ -134,11 +136,45 @@ def _cards(text: str) -> list[tuple[int, int]]:
             return []
     found = []
     for match in _CARD.finditer(text):
-        digits = re.sub(r"[ -]", "", match.group(0))
-        # Issuer prefixes: Visa 4, Mastercard 2/5, Amex 3, Discover/UnionPay 6.
-        if _CARD_DIGITS <= len(digits) <= 19 and digits[0] in "23456" and luhn_valid(digits):
+        digits = "".join(str(int(d)) for d in re.sub(r"[ -]", "", match.group(0)))
+        if _issued(digits) and luhn_valid(digits):
             found.append(match.span())
     return found
+
+
+# The card networks' number ranges: (first prefix, last prefix, lengths). A number outside
+# them is something else that passes Luhn's check: an IMEI (which uses it too, 15 digits),
+# an account or parcel number, one in ten phone numbers written without spaces.
+_ISSUERS: tuple[tuple[str, str, range], ...] = (
+    ("4", "4", range(13, 20, 3)),  # Visa: 13, 16 or 19
+    ("51", "55", range(16, 17)),  # Mastercard
+    ("2221", "2720", range(16, 17)),
+    ("34", "34", range(15, 16)),  # American Express
+    ("37", "37", range(15, 16)),
+    ("6011", "6011", range(16, 20)),  # Discover
+    ("644", "649", range(16, 20)),
+    ("65", "65", range(16, 20)),
+    ("62", "62", range(16, 20)),  # UnionPay
+    ("3528", "3589", range(16, 20)),  # JCB
+    ("300", "305", range(14, 20)),  # Diners Club
+    ("36", "36", range(14, 20)),
+    ("38", "39", range(16, 20)),
+    ("5018", "5018", range(13, 20)),  # Maestro
+    ("5020", "5020", range(13, 20)),
+    ("5038", "5038", range(13, 20)),
+    ("5893", "5893", range(13, 20)),
+    ("6304", "6304", range(13, 20)),
+    ("6759", "6759", range(13, 20)),
+    ("6761", "6763", range(13, 20)),
+)
+
+
+def _issued(digits: str) -> bool:
+    """Whether `digits` (ASCII) lie in a card network's range, at one of its lengths."""
+    return any(
+        len(digits) in lengths and first <= digits[: len(first)] <= last
+        for first, last, lengths in _ISSUERS
+    )
 
 
 # A key pasted without its END line (cut short, or split over two messages): the header, its
@@ -155,6 +191,19 @@ _UNTERMINATED_KEY = re.compile(
 
 def _unterminated_keys(text: str) -> list[tuple[int, int]]:
     return _match_spans(_UNTERMINATED_KEY, text)
+
+
+_SK_KEY = linear(_WORD_START + r"(sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,})")
+
+
+def _sk_keys(text: str) -> list[tuple[int, int]]:
+    # A key's random part holds digits; words joined by hyphens (sk-learn-compatible-models)
+    # do not.
+    return [
+        (start, end)
+        for start, end in _match_spans(_SK_KEY, text, 1)
+        if any(c.isdigit() for c in text[start:end])
+    ]
 
 
 # What re's \s+ matches (str.isspace()): RE2's \s is ASCII white space alone, and a token
@@ -186,7 +235,11 @@ _SECRET_RULES: tuple[_Rule, ...] = (
     _plugin("stripe_key", StripeDetector(), ("k_live_",)),
     _regex("stripe_key", r"(?:sk|rk)_(?:live|test)_[0-9a-zA-Z]{24,99}", ("k_live_", "k_test_")),
     _plugin("openai_key", OpenAIDetector(), ("t3blbkfj",)),
-    _regex("api_key", _WORD_START + r"(sk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_-]{20,})", ("sk-",), 1),
+    _Rule("api_key", _sk_keys, ("sk-",)),
+    # This service's own keys (auth.KEY_PREFIX): those most likely pasted into an agent's memory.
+    _regex(
+        "memory_api_key", _WORD_START + r"(cmk_[A-Za-z0-9_-]{43})(?:[^A-Za-z0-9_-]|$)", ("cmk_",), 1
+    ),
     _Rule("jwt", _jwts, ("eyj",)),
     _regex(
         "bearer_token", r"(?i)\bBearer" + _SPACES + r"([A-Za-z0-9._~+/-]{16,}=*)", ("bearer",), 1

@@ -16,6 +16,7 @@ from detect_secrets.plugins.openai import OpenAIDetector
 from detect_secrets.plugins.slack import SlackDetector
 from detect_secrets.plugins.stripe import StripeDetector
 
+from api_service.auth import new_secret
 from api_service.core import redaction
 from api_service.core.redaction import Redactor, luhn_valid
 
@@ -81,6 +82,16 @@ SECRETS = [
     ("card_number", "carte 4242 4242 4242 4242 \u2014 merci", "4242 4242 4242 4242"),
     # \d matches other scripts' digits: text that is not ASCII has its digits counted by re.
     ("card_number", "card 4" + "\u0662" * 12, "4" + "\u0662" * 12),
+    ("card_number", "JCB 3530 1113 3330 0000", "3530 1113 3330 0000"),
+    ("card_number", "diners 30569309025904, exp 11/28", "30569309025904"),
+    ("card_number", "mastercard 2223003122003222", "2223003122003222"),
+    ("card_number", "maestro 6759649826438453", "6759649826438453"),
+    # This service's own key, as an agent's shell history or tool config would hold it.
+    (
+        "memory_api_key",
+        "export MEMORY_API_KEY=cmk_Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa_-q7W5e",
+        "cmk_Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDcBa_-q7W5e",
+    ),
     ("private_key", f"here is the deploy key:\n{PEM}\nthanks", PEM),
     # Cut short: no END line, so the header and the base64 lines after it go.
     ("private_key", f"the first half:\n{PEM[:-34]}", PEM[:-34]),
@@ -102,6 +113,12 @@ ORDINARY = [
     "Use git commit -m 'fix' then push to https://github.com/org/repo.git",
     "Bearer bonds were popular in the 1920s.",
     "Write a haiku about sk-ateboarding in the rain",
+    # Words joined by hyphens after `sk-`: a key's random part holds digits.
+    "Pick one of the sk-learn-compatible-estimators listed there",
+    # Luhn-valid, but outside the card networks' ranges: an IMEI (it uses Luhn's check too),
+    # and a phone number written without spaces.
+    "My phone's IMEI is 490154203237518.",
+    "Call me at +4917012345675 after six.",
     "My email is jo.doe@example.com and phone +1 415 555 0134",  # PII is off by default
 ]
 
@@ -109,6 +126,14 @@ ORDINARY = [
 @pytest.mark.parametrize("text", ORDINARY)
 def test_ordinary_text_is_left_alone(text: str) -> None:
     assert Redactor().redact(text) == (text, [])
+
+
+def test_the_services_own_keys_are_redacted_as_issued() -> None:
+    for _ in range(200):
+        secret = new_secret()
+        for text in (secret, f"MEMORY_API_KEY={secret}", f"key: {secret}."):
+            redacted, kinds = Redactor().redact(text)
+            assert secret not in redacted and kinds == ["memory_api_key"]
 
 
 def test_personal_data_when_the_org_asks_for_it() -> None:
@@ -278,6 +303,8 @@ HOSTILE = [
     ("github_pat_", ""),
     ("ghp_", ""),
     ("sk_live_", ""),
+    ("cmk_", ""),
+    ("cmk_" + "a" * 43, "b"),
     ("4", "-"),
     ("4 ", ""),
     ("+1 (", ""),
