@@ -11,7 +11,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from index_service.errors import Unavailable
+from index_service.errors import ServiceError, Unavailable
 from index_service.native import faiss_threads, release_free_memory
 from index_service.org_index import Hit, OrgIndex, Snapshot
 from index_service.rebuild import OrgRows
@@ -167,16 +167,18 @@ class Registry:
     def _dropped_if_broken(self, org_id: str, org: _Org) -> Iterator[None]:
         """A write that fails part-way (FAISS out of memory, say) may leave the org's ids and
         its store out of step; the org is dropped, and loaded afresh from PostgreSQL, which
-        holds every write, by the next request, while the caller retries."""
+        holds every write, by the next request, while the caller retries (Unavailable)."""
         try:
             yield
-        except Exception:
+        except Exception as exc:
             if self._orgs.get(org_id) is org:
                 del self._orgs[org_id]
                 if org.rebuild is not None:
                     org.rebuild.cancel()
                 log.exception("a write to org %s failed; it reloads on its next request", org_id)
-            raise
+            if isinstance(exc, ServiceError):
+                raise
+            raise Unavailable(f"a write to org {org_id} failed ({type(exc).__name__})") from exc
 
     async def search(
         self,
@@ -302,15 +304,18 @@ class Registry:
                 rows = await self._source.load(org_id)
             except Exception as exc:  # any failure to read the source: retryable
                 raise Unavailable(f"cannot load org {org_id}: {exc}") from exc
-            index = await self._run(
-                OrgIndex.from_rows,
-                rows.chunk_ids,
-                rows.conversation_ids,
-                rows.vectors,
-                rows.versions,
-                flat_threshold=self._flat_threshold,
-                target_recall=self._target_recall,
-            )
+            try:
+                index = await self._run(
+                    OrgIndex.from_rows,
+                    rows.chunk_ids,
+                    rows.conversation_ids,
+                    rows.vectors,
+                    rows.versions,
+                    flat_threshold=self._flat_threshold,
+                    target_recall=self._target_recall,
+                )
+            except Exception as exc:  # memory running out, FAISS refusing: retryable too
+                raise Unavailable(f"cannot build org {org_id}: {type(exc).__name__}") from exc
             old = self._orgs.get(org_id)
             if old is not None and old.rebuild is not None:
                 old.rebuild.cancel()
@@ -412,10 +417,16 @@ def _on_one_faiss_thread(fn: Callable[..., T]) -> Callable[..., T]:
 
 async def _to_its_end(call: asyncio.Future[T]) -> T:
     """The result of `call`, a worker thread's future; if the caller is cancelled meanwhile,
-    the thread runs on regardless, so the cancellation waits for it to end. The executor's
-    own future, not a task around it: a task costs a loop iteration more on every search."""
+    the thread runs on regardless, so the cancellation waits for it to end. A thread that
+    failed meanwhile raises its failure, not the cancellation: a write's caller drops an org
+    that a failed write left half done (Registry._dropped_if_broken), and a cancellation would
+    hide it. The executor's own future, not a task around it: a task costs a loop iteration
+    more on every search."""
     try:
         return await asyncio.shield(call)
     except asyncio.CancelledError:
         await asyncio.wait([call])
+        failure = call.exception()
+        if failure is not None:
+            raise failure from None
         raise

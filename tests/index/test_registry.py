@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from index_service import registry as registry_module
+from index_service.errors import Unavailable
 from index_service.main import EmptySource
 from index_service.org_index import IVF_SCAN_WEIGHT, OrgIndex
 from index_service.rebuild import OrgRows
@@ -445,12 +446,38 @@ async def test_a_write_that_fails_part_way_drops_the_org_to_be_loaded_afresh(
         raise MemoryError("no room")
 
     monkeypatch.setattr(store, "add", full)
-    with pytest.raises(MemoryError):
+    with pytest.raises(Unavailable):
         await registry.upsert("org_a", 1, ["c0"], ["conv"], vectors[2:3], [2])
     assert "org_a" not in registry._orgs
     loads = registry.loads
     await registry.search("org_a", 1, vectors[:1], 1, [])
     assert registry.loads == loads + 1
+
+
+async def test_a_write_failing_after_its_caller_was_cancelled_still_drops_the_org(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadline that fires while a write's thread runs: the thread fails part-way after it,
+    and the org it left half done still goes."""
+    vectors = clustered(2, seed=13)
+    await registry.upsert("org_a", 1, ["c0", "c1"], ["conv"] * 2, vectors)
+    store = registry._orgs["org_a"].index._store
+    started, go = threading.Event(), threading.Event()
+
+    def failing(labels: Any) -> None:
+        started.set()
+        go.wait(10)
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(store, "remove", failing)
+    delete = asyncio.create_task(registry.delete("org_a", 1, ["c0"], []))
+    await asyncio.to_thread(started.wait, 10)
+    delete.cancel()
+    await asyncio.sleep(0)  # the caller, cancelled, waits for the thread
+    go.set()
+    with pytest.raises(Unavailable):
+        await delete
+    assert "org_a" not in registry._orgs
 
 
 async def test_one_org_failing_to_preload_keeps_no_other_from_loading(
