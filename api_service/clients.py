@@ -61,6 +61,9 @@ class EmbedClient:
             self._channel
         )
         self._timeout = timeout
+        # The dimensions of the vectors the service last answered with; None before its first
+        # answer.
+        self.dim: int | None = None
 
     async def embed(self, texts: Sequence[str], timeout: float | None = None) -> Vectors:
         """One L2-normalized float32 row per text, in order; `timeout` replaces the client's
@@ -69,11 +72,14 @@ class EmbedClient:
             reply = await self._stub.Embed(
                 embed_pb2.EmbedRequest(texts=list(texts)), timeout=timeout or self._timeout
             )
+        self.dim = reply.dim
         vectors = np.frombuffer(reply.vectors, dtype="<f4").astype(np.float32, copy=False)
         return vectors.reshape(len(texts), reply.dim)
 
     async def ready(self) -> bool:
         reply = await self._stub.Health(embed_pb2.HealthRequest(), timeout=self._timeout)
+        if reply.ready:
+            self.dim = reply.dim
         return bool(reply.ready)
 
     async def close(self) -> None:

@@ -484,9 +484,16 @@ class Indexer:
         was queued again with a newer version, which its shard keeps over this one. `down`:
         the services a batch found unreachable (Unreachable if one is needed)."""
         down = set() if down is None else down
-        # Already embedded (by an earlier attempt, or a later job): ready as stored.
-        ready = [c for c in chunks if c.embedding is not None]
-        pending = [c for c in chunks if c.embedding is None]
+        # Already embedded (by an earlier attempt, or a later job): ready as stored, unless
+        # the embed service now answers in other dimensions. A shard refuses such vectors, and
+        # once the embedder was put right, resending the stored ones would fail for ever.
+        size = None if self._embedder.dim is None else self._embedder.dim * 4
+
+        def stored(chunk: _Chunk) -> bool:
+            return chunk.embedding is not None and size in (None, len(chunk.embedding))
+
+        ready = [c for c in chunks if stored(c)]
+        pending = [c for c in chunks if not stored(c)]
         if pending:
             if vectors is None:
                 with _reaching(EMBEDDER, down):
@@ -506,7 +513,9 @@ class Indexer:
         """Store the chunks' new vectors, each with the version it was embedded from and only
         while that is the chunk's version: a chunk rebuilt meanwhile gets its vector from its
         own, later job. The chunks are share-locked, so a chunk whose delete commits meanwhile
-        is skipped instead of failing the foreign key check.
+        is skipped instead of failing the foreign key check. A vector of the same version
+        replaces the stored one only where their sizes differ: embedded again because the
+        embed service's dimensions changed (`_embed_and_index`).
 
         The commit does not wait for the WAL to reach the disk: the job's close, a later
         commit, waits for this one's WAL with its own, and if the server fails before, the
@@ -526,7 +535,10 @@ class Indexer:
                   FOR KEY SHARE OF c
                ON CONFLICT (org_id, conversation_id, start_sequence) DO UPDATE
                   SET version = excluded.version, embedding = excluded.embedding
-                WHERE chunk_vectors.version < excluded.version""",
+                WHERE chunk_vectors.version < excluded.version
+                   OR (chunk_vectors.version = excluded.version
+                       AND octet_length(chunk_vectors.embedding)
+                           <> octet_length(excluded.embedding))""",
             org_id,
             [c.chunk_id for c in chunks],
             [c.version for c in chunks],

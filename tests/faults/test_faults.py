@@ -385,6 +385,54 @@ async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_
         running.close()
 
 
+async def test_a_stored_vector_the_embedder_no_longer_makes_is_embedded_again(
+    database_url: str,
+) -> None:
+    """A vector stored while the embed service answered in other dimensions (384 here, as a
+    smaller model would) is refused by the shard. Once the embed service is put right, the
+    job's retry embeds the chunk again rather than resend the stored vector for ever."""
+    running = Stack(database_url)
+    try:
+        await running.start_embed()
+        await running.start_index()
+        async with serve(running.settings) as base_url:
+            service = Service(base_url, database_url, running.settings)
+            org_id, key = await service.org_with_key()
+            async with service.rest(key) as http, service.mcp(key) as mcp:
+                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+                await say(http, cid, "narwhal")
+                await outbox_drained(database_url)
+                conn = await asyncpg.connect(database_url)
+                try:
+                    chunk_id = await conn.fetchval(
+                        "SELECT chunk_id FROM chunks WHERE org_id = $1", org_id
+                    )
+                    wrong = np.full(384, 384**-0.5, dtype="<f4").tobytes()
+                    await conn.execute(
+                        "UPDATE chunk_vectors SET embedding = $2 WHERE org_id = $1", org_id, wrong
+                    )
+                    await conn.execute(
+                        "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids)"
+                        " VALUES ($1, 'upsert', $2, $3)",
+                        org_id,
+                        cid,
+                        [chunk_id],
+                    )
+                    await outbox_drained(database_url, deadline_s=20)
+                    stored = await conn.fetchval(
+                        "SELECT octet_length(embedding) FROM chunk_vectors WHERE org_id = $1",
+                        org_id,
+                    )
+                finally:
+                    await conn.close()
+                assert stored == 768 * 4
+                await until_search_answers(mcp)
+                found = await mcp.ok("search", query="narwhal")
+        assert [r["conversation_id"] for r in found["results"]] == [cid]
+    finally:
+        running.close()
+
+
 async def test_an_embedding_call_past_its_deadline_is_split(
     database_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
