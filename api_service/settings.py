@@ -91,7 +91,9 @@ class ApiSettings(BaseSettings):
         "announces (0: look every request's key up)",
     )
     auth_failures_per_minute: int = Field(
-        default=20, description="failed authentications per client address a minute before 429s"
+        default=20,
+        description="failed authentications per client address a minute; past it, 401s with "
+        "Retry-After",
     )
     metering_enabled: bool = Field(default=True, description="count requests against plans")
     meter_flush_seconds: float = Field(

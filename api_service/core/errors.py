@@ -79,6 +79,11 @@ DATABASE_ERRORS: tuple[type[Exception], ...] = (
     asyncpg.TooManyConnectionsError,
 )
 DEPENDENCY_ERRORS: tuple[type[Exception], ...] = (*DATABASE_ERRORS, grpc.aio.AioRpcError)
+# Transactions PostgreSQL aborted for another's sake: the same request succeeds when retried.
+CONFLICT_ERRORS: tuple[type[Exception], ...] = (
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+)
 
 
 def classify(exc: BaseException) -> ServiceError:
@@ -88,6 +93,9 @@ def classify(exc: BaseException) -> ServiceError:
     if isinstance(exc, DATABASE_ERRORS):
         log.warning("database unavailable: %s", type(exc).__name__)
         return Unavailable("The database is unavailable; retry shortly")
+    if isinstance(exc, CONFLICT_ERRORS):
+        log.warning("write conflict: %s", type(exc).__name__)
+        return Unavailable("The request met a concurrent change (an org being deleted, say); retry")
     if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,

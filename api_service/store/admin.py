@@ -48,7 +48,10 @@ async def delete_org(conn: Conn, name: str) -> DeletedOrg | None:
     as a deleted conversation's do. None if there is no such organization.
 
     The org's row is locked first: a write that committed before is deleted with the rest,
-    and one under way is refused at its charge, which finds no org row."""
+    and one under way is refused at its charge, which finds no org row. A write that already
+    holds its conversation's row when the delete starts waits for the org row while the
+    delete waits for the conversation: PostgreSQL then aborts one of the two, the write (503,
+    errors.CONFLICT_ERRORS; its retry finds the org gone) or the delete (run it again)."""
     async with conn.transaction():
         row = await conn.fetchrow(
             "SELECT org_id, conversation_count, message_count FROM orgs WHERE name = $1 FOR UPDATE",
