@@ -63,6 +63,7 @@ class Source(Protocol):
 class _Org:
     index: OrgIndex
     epoch: int
+    routings: int  # the shard's count of routing changes when the copy was loaded
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     rebuild: asyncio.Task[None] | None = None
     rebuild_after: float = 0.0  # loop time before which no rebuild starts (one failed)
@@ -114,6 +115,9 @@ class Registry:
         self._target_recall = target_recall
         self._orgs: dict[str, _Org] = {}
         self._loading: dict[str, tuple[int, asyncio.Task[_Org]]] = {}
+        # Changes of the routing epoch callers send, counted as requests come (_serves).
+        self._last_epoch = 0
+        self._routings = 0
         self.loads = 0  # completed loads from the source, for observability
 
     @property
@@ -271,6 +275,9 @@ class Registry:
         does not hold it or holds one that does not serve `epoch` (`_serves`). A `write`
         waits for a load under way even where the held copy serves it: the loaded copy
         replaces the held one and may have read its rows before the write was stored."""
+        if epoch and epoch != self._last_epoch:
+            self._last_epoch = epoch
+            self._routings += 1
         while True:
             held = self._orgs.get(org_id)
             pending = self._loading.get(org_id)
@@ -293,12 +300,20 @@ class Registry:
         it is reloaded for a caller on this shard's own list (or on any list, where the
         shard has none). A caller on another list, an api pod the rollout of a new list has
         not reached yet, is served what is held: callers on two lists, alternating, would
-        otherwise reload the org at every change of caller."""
-        if epoch == 0 or held.epoch == epoch:
+        otherwise reload the org at every change of caller.
+
+        A shard without a list cannot tell whose routing a caller's is, so its copy serves
+        only while callers keep to the routing it was loaded under: one that changed and came
+        back (a shard added, then removed) may have sent the org's writes elsewhere
+        meanwhile, under the same epoch as before."""
+        if epoch == 0:
             return True
-        return self._own_epoch != 0 and epoch != self._own_epoch
+        if self._own_epoch == 0:
+            return held.epoch == epoch and held.routings == self._routings
+        return held.epoch == epoch or epoch != self._own_epoch
 
     async def _load(self, org_id: str, epoch: int) -> _Org:
+        routings = self._routings  # a change while the rows are read makes the copy stale
         try:
             try:
                 rows = await self._source.load(org_id)
@@ -319,7 +334,7 @@ class Registry:
             old = self._orgs.get(org_id)
             if old is not None and old.rebuild is not None:
                 old.rebuild.cancel()
-            org = _Org(index, epoch)
+            org = _Org(index, epoch, routings)
             self._orgs[org_id] = org
             self.loads += 1
             await self._run(release_free_memory)

@@ -33,8 +33,8 @@ def routing_epoch(shards: Sequence[str]) -> int:
     """A nonzero 63-bit number identifying the shard set, for the requests' routing_epoch.
 
     Callers that route with `shards` send this value; a shard that loaded an org under another
-    epoch reloads it before answering, so a copy left behind by an earlier routing is never
-    served. Order and duplicates do not matter.
+    epoch reloads it before answering (Registry._serves says when). A list that comes back
+    comes back with its epoch. Order and duplicates do not matter.
     """
     canonical = "\n".join(sorted(set(shards))).encode()
     digest = hashlib.blake2b(canonical, digest_size=8, person=b"memepoch").digest()

@@ -54,7 +54,8 @@ async def test_a_write_to_an_org_not_loaded_loads_it_first(database_url: str) ->
 
 
 async def test_a_copy_left_by_an_earlier_routing_is_reloaded(database_url: str) -> None:
-    """Org X is on shard A, moves to C when C is added, then back to A when C goes away.
+    """Org X is on shard A (which has no list of its own), moves to C when C is added, then
+    back to A when C goes away: the routing, and its epoch, are again those A loaded X under.
     A's copy missed the updates made while X was on C, so A must reload it."""
     shards_ab = ["a:1", "b:1"]
     shards_abc = [*shards_ab, "c:1"]
@@ -63,9 +64,11 @@ async def test_a_copy_left_by_an_earlier_routing_is_reloaded(database_url: str) 
         for i in range(1000)
         if shard_for(f"org_{i}", shards_ab) == "a:1" and shard_for(f"org_{i}", shards_abc) == "c:1"
     )
+    other = next(f"org_{i}" for i in range(1000) if shard_for(f"org_{i}", shards_abc) == "a:1")
     epoch_ab, epoch_abc = routing_epoch(shards_ab), routing_epoch(shards_abc)
     vectors = clustered(10, seed=12)
     await insert_chunks(database_url, org, [(f"chk_{i}", "conv", vectors[i]) for i in range(5)])
+    await insert_chunks(database_url, other, [("chk_y", "conv", vectors[0])])
     async with shard(database_url) as (server_a, stub_a):
         first = await stub_a.Search(search_request(org, vectors[0], 10, epoch=epoch_ab))
         assert len(first.hits) == 5
@@ -85,13 +88,18 @@ async def test_a_copy_left_by_an_earlier_routing_is_reloaded(database_url: str) 
             org,
         )
 
-        # Same epoch: A still serves the copy it has (nothing told it otherwise).
+        # Same epoch, and no other seen: A still serves the copy it has.
         same = await stub_a.Search(search_request(org, vectors[0], 10, epoch=epoch_ab))
         assert len(same.hits) == 5
-        # Back on A under a new routing: A reloads before answering.
-        back = await stub_a.Search(search_request(org, vectors[0], 20, epoch=epoch_abc))
+        # A serves the orgs it keeps under the new routing.
+        await stub_a.Search(search_request(other, vectors[0], 10, epoch=epoch_abc))
+        # C goes away: X is back on A, under the epoch A loaded it with. A reloads it.
+        back = await stub_a.Search(search_request(org, vectors[0], 20, epoch=epoch_ab))
         assert {h.chunk_id for h in back.hits} == {f"chk_{i}" for i in range(2, 10)}
-        assert server_a.registry.loads == 2
+        assert server_a.registry.loads == 3
+        # Callers kept to that routing since: the copy serves.
+        await stub_a.Search(search_request(org, vectors[0], 20, epoch=epoch_ab))
+        assert server_a.registry.loads == 3
 
 
 async def test_start_preloads_the_orgs_this_shard_owns(database_url: str) -> None:
