@@ -170,19 +170,25 @@ async def charge_org(conn: Conn, org_id: str, charge: Charge) -> bool:
     return done is not None
 
 
+# A conversation's writers queue on its row lock: their times are read once they hold it
+# (now() is when the transaction began, and one that began first may get the lock second), so
+# messages are in the same order by time as by sequence, and updated_at never goes back.
+_LOCKED_NOW = "greatest(updated_at, clock_timestamp())"
+
 # Reserves $3 sequences of a conversation and adds $4 bytes to its size, under its row lock.
-_RESERVE = """
+_RESERVE = f"""
     UPDATE conversations
        SET message_count = message_count + $3, storage_bytes = storage_bytes + $4,
-           updated_at = now()
+           updated_at = {_LOCKED_NOW}
      WHERE org_id = $1 AND conversation_id = $2"""
 
-# Inserts the messages of $5-$10 (unnest's arrays) from sequence {first}, for each of {rows}.
+# Inserts the messages of $5-$10 (unnest's arrays) from sequence {first}, for each of {rows},
+# at the time _RESERVE set.
 _INSERT_MESSAGES = """
     INSERT INTO messages (org_id, conversation_id, sequence, message_id, role, content,
-                          tool_call_id, tool_name, metadata)
+                          tool_call_id, tool_name, metadata, created_at)
     SELECT $1, $2, {first} + m.i - 1, m.message_id, m.role, m.content, m.tool_call_id,
-           m.tool_name, m.metadata::jsonb
+           m.tool_name, m.metadata::jsonb, {at}
       FROM {rows}unnest($5::text[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
            WITH ORDINALITY AS m(message_id, role, content, tool_call_id, tool_name, metadata, i)"""
 
@@ -195,8 +201,8 @@ _INSERT_MESSAGES = """
 _APPEND_IF_UNCHANGED = f"""
     WITH seen AS (SELECT xmin FROM conversations WHERE org_id = $1 AND conversation_id = $2),
     reserved AS ({_RESERVE} AND xmin = (SELECT xmin FROM seen)
-              RETURNING message_count - $3 + 1 AS first),
-    inserted AS ({_INSERT_MESSAGES.format(first="r.first", rows="reserved r, ")})
+              RETURNING message_count - $3 + 1 AS first, updated_at AS at),
+    inserted AS ({_INSERT_MESSAGES.format(first="r.first", rows="reserved r, ", at="r.at")})
     SELECT r.first + $3 - 1 AS count, m.sequence, m.role, m.content
       FROM reserved r LEFT JOIN LATERAL (
            SELECT sequence, role, content FROM messages
@@ -204,9 +210,12 @@ _APPEND_IF_UNCHANGED = f"""
               AND sequence >= r.first - $11 AND sequence < r.first
             LIMIT $11) m ON true"""
 
+# The time _RESERVE set, earlier in the transaction.
+_RESERVED_AT = "(SELECT updated_at FROM conversations WHERE org_id = $1 AND conversation_id = $2)"
+
 # The messages from sequence $3 on, once _RESERVE took the lock; then the $4 lines before.
 _INSERT_AND_READ = f"""
-    WITH inserted AS ({_INSERT_MESSAGES.format(first="$3::integer", rows="")})
+    WITH inserted AS ({_INSERT_MESSAGES.format(first="$3::integer", rows="", at=_RESERVED_AT)})
     SELECT sequence, role, content FROM messages
      WHERE org_id = $1 AND conversation_id = $2
        AND sequence >= $3 - $4::integer AND sequence < $3"""
@@ -341,8 +350,8 @@ async def touch_conversation(
     conn: Conn, org_id: str, conversation_id: str, storage_delta: int
 ) -> None:
     await conn.execute(
-        "UPDATE conversations SET updated_at = now(), storage_bytes = storage_bytes + $3 "
-        "WHERE org_id = $1 AND conversation_id = $2",
+        f"UPDATE conversations SET updated_at = {_LOCKED_NOW}, "
+        "storage_bytes = storage_bytes + $3 WHERE org_id = $1 AND conversation_id = $2",
         org_id,
         conversation_id,
         storage_delta,

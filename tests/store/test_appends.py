@@ -262,3 +262,26 @@ async def test_the_default_memory_found_stays_until_the_append_ends(database_url
     finally:
         await conn.close()
         await other.close()
+
+
+async def test_times_follow_the_order_the_lock_gave(writers: tuple[Writer, Writer]) -> None:
+    """A transaction that began first but appended second: its messages come after the
+    other's in time as in sequence, and the conversation's updated_at does not go back."""
+    ours, theirs = writers
+    early = ours.conn.transaction()
+    await early.start()
+    await asyncio.sleep(0.05)
+    assert await theirs.append("x")
+    later = await ours.conn.fetchval("SELECT updated_at FROM conversations")
+    assert await repo.append_messages(
+        ours.conn, ours.org_id, "conv_a", ["msg_y"], [NewMessage("user", "y")], 1, 4
+    )
+    await early.commit()
+    stored = await ours.conn.fetch(
+        "SELECT content, created_at FROM messages WHERE conversation_id = 'conv_a'"
+        " AND sequence > 6 ORDER BY sequence"
+    )
+    assert [r["content"] for r in stored] == ["x", "y"]
+    assert stored[0]["created_at"] < stored[1]["created_at"]
+    updated = await ours.conn.fetchval("SELECT updated_at FROM conversations")
+    assert updated == stored[1]["created_at"] > later
