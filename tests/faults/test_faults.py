@@ -116,9 +116,13 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def stack(database_url: str, **api_overrides: object) -> AsyncIterator[tuple[Stack, Service]]:
-    """The processes, and the API served in this test's loop against them."""
+async def stack(
+    database_url: str, index_env: dict[str, str] | None = None, **api_overrides: object
+) -> AsyncIterator[tuple[Stack, Service]]:
+    """The processes (the shard's environment updated with `index_env`), and the API served
+    in this test's loop against them."""
     running = Stack(database_url, **api_overrides)
+    running.index_env.update(index_env or {})
     try:
         await running.start_embed()
         await running.start_index()
@@ -343,46 +347,41 @@ async def test_a_job_the_shard_refuses_waits_logged_as_an_error_until_it_is_put_
     """A shard started with other dimensions than the model's refuses every upsert: the append
     still succeeds, its job waits and is retried, the log says it was refused as sent and
     /metrics counts it; once the shard is restarted as it should be, the job is done."""
-    running = Stack(database_url, append_index_wait_seconds=1)
-    running.index_env["INDEX_DIM"] = "384"
-    try:
-        await running.start_embed()
-        await running.start_index()
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, database_url, running.settings)
-            _, key = await service.org_with_key()
-            async with service.rest(key) as http, service.mcp(key) as mcp:
-                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
-                await say(http, cid, "narwhal")
-                assert await a_job_failing(http)
-                assert (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] == 1
+    async with stack(database_url, {"INDEX_DIM": "384"}, append_index_wait_seconds=1) as (
+        running,
+        service,
+    ):
+        _, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            await say(http, cid, "narwhal")
+            assert await a_job_failing(http)
+            assert (await outbox_metrics(http))["memory_index_outbox_failing_jobs"] == 1
 
-                def refused() -> list[logging.LogRecord]:
-                    return [
-                        r
-                        for r in caplog.records
-                        if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
-                    ]
+            def refused() -> list[logging.LogRecord]:
+                return [
+                    r
+                    for r in caplog.records
+                    if r.name == "api_service.indexer" and "refused as sent" in r.getMessage()
+                ]
 
-                async def retried() -> bool:  # the append's own attempt, the worker's after 1 s
-                    return len(refused()) >= 2
+            async def retried() -> bool:  # the append's own attempt, the worker's after 1 s
+                return len(refused()) >= 2
 
-                assert await eventually(retried, seconds=5)
-                assert {r.levelname for r in refused()} == {"ERROR"}
-                assert "INVALID_ARGUMENT (dim is 768" in refused()[0].getMessage()
-                # The append's own attempt counts: the worker's first is the second.
-                logged = [int(r.getMessage().split("attempt ")[1].split(":")[0]) for r in refused()]
-                assert logged[:2] == [1, 2]
+            assert await eventually(retried, seconds=5)
+            assert {r.levelname for r in refused()} == {"ERROR"}
+            assert "INVALID_ARGUMENT (dim is 768" in refused()[0].getMessage()
+            # The append's own attempt counts: the worker's first is the second.
+            logged = [int(r.getMessage().split("attempt ")[1].split(":")[0]) for r in refused()]
+            assert logged[:2] == [1, 2]
 
-                running.kill(running.index)
-                running.index_env["INDEX_DIM"] = "768"
-                await running.start_index()
-                await outbox_drained(database_url)
-                await until_search_answers(mcp)
-                found = await mcp.ok("search", query="narwhal")
-        assert [r["conversation_id"] for r in found["results"]] == [cid]
-    finally:
-        running.close()
+            running.kill(running.index)
+            running.index_env["INDEX_DIM"] = "768"
+            await running.start_index()
+            await outbox_drained(database_url)
+            await until_search_answers(mcp)
+            found = await mcp.ok("search", query="narwhal")
+    assert [r["conversation_id"] for r in found["results"]] == [cid]
 
 
 async def test_a_stored_vector_the_embedder_no_longer_makes_is_embedded_again(
@@ -391,46 +390,39 @@ async def test_a_stored_vector_the_embedder_no_longer_makes_is_embedded_again(
     """A vector stored while the embed service answered in other dimensions (384 here, as a
     smaller model would) is refused by the shard. Once the embed service is put right, the
     job's retry embeds the chunk again rather than resend the stored vector for ever."""
-    running = Stack(database_url)
-    try:
-        await running.start_embed()
-        await running.start_index()
-        async with serve(running.settings) as base_url:
-            service = Service(base_url, database_url, running.settings)
-            org_id, key = await service.org_with_key()
-            async with service.rest(key) as http, service.mcp(key) as mcp:
-                cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
-                await say(http, cid, "narwhal")
-                await outbox_drained(database_url)
-                conn = await asyncpg.connect(database_url)
-                try:
-                    chunk_id = await conn.fetchval(
-                        "SELECT chunk_id FROM chunks WHERE org_id = $1", org_id
-                    )
-                    wrong = np.full(384, 384**-0.5, dtype="<f4").tobytes()
-                    await conn.execute(
-                        "UPDATE chunk_vectors SET embedding = $2 WHERE org_id = $1", org_id, wrong
-                    )
-                    await conn.execute(
-                        "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids)"
-                        " VALUES ($1, 'upsert', $2, $3)",
-                        org_id,
-                        cid,
-                        [chunk_id],
-                    )
-                    await outbox_drained(database_url, deadline_s=20)
-                    stored = await conn.fetchval(
-                        "SELECT octet_length(embedding) FROM chunk_vectors WHERE org_id = $1",
-                        org_id,
-                    )
-                finally:
-                    await conn.close()
-                assert stored == 768 * 4
-                await until_search_answers(mcp)
-                found = await mcp.ok("search", query="narwhal")
-        assert [r["conversation_id"] for r in found["results"]] == [cid]
-    finally:
-        running.close()
+    async with stack(database_url) as (_, service):
+        org_id, key = await service.org_with_key()
+        async with service.rest(key) as http, service.mcp(key) as mcp:
+            cid = (await http.post("/api/v1/conversations", json={})).json()["conversation_id"]
+            await say(http, cid, "narwhal")
+            await outbox_drained(database_url)
+            conn = await asyncpg.connect(database_url)
+            try:
+                chunk_id = await conn.fetchval(
+                    "SELECT chunk_id FROM chunks WHERE org_id = $1", org_id
+                )
+                wrong = np.full(384, 384**-0.5, dtype="<f4").tobytes()
+                await conn.execute(
+                    "UPDATE chunk_vectors SET embedding = $2 WHERE org_id = $1", org_id, wrong
+                )
+                await conn.execute(
+                    "INSERT INTO index_outbox (org_id, kind, conversation_id, chunk_ids)"
+                    " VALUES ($1, 'upsert', $2, $3)",
+                    org_id,
+                    cid,
+                    [chunk_id],
+                )
+                await outbox_drained(database_url, deadline_s=20)
+                stored = await conn.fetchval(
+                    "SELECT octet_length(embedding) FROM chunk_vectors WHERE org_id = $1",
+                    org_id,
+                )
+            finally:
+                await conn.close()
+            assert stored == 768 * 4
+            await until_search_answers(mcp)
+            found = await mcp.ok("search", query="narwhal")
+    assert [r["conversation_id"] for r in found["results"]] == [cid]
 
 
 async def test_an_embedding_call_past_its_deadline_is_split(
