@@ -400,6 +400,9 @@ def stack_in_subprocess(
             env=child_env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            # A benchmark killed (SIGTERM's default, SIGKILL) runs no `finally`: memctl then
+            # stops its services and PostgreSQL itself, instead of holding the ports.
+            preexec_fn=_die_with_parent,
         )
     try:
         _wait_ready("the stack", _http_ready(f"http://127.0.0.1:{port}/readyz"), [proc], 900)

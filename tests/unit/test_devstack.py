@@ -117,6 +117,38 @@ def test_memctl_up_stopped_while_starting_stops_its_postgres(
             os.kill(left, signal.SIGTERM)
 
 
+def test_a_killed_benchmark_leaves_no_stack_behind(tmp_path: Path) -> None:
+    """A process that started the stack in a child and is then killed (no `finally` runs):
+    memctl stops its services and PostgreSQL, and the ports are free again."""
+    port = _free_port()
+    script = (
+        "import sys, time; from pathlib import Path; "
+        "from api_service.devstack import stack_in_subprocess\n"
+        f"with stack_in_subprocess(Path({str(tmp_path)!r}), {port}, 'hashing'):\n"
+        "    print('serving', flush=True); time.sleep(600)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    bench = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert bench.stdout is not None
+        assert "serving\n" in iter(bench.stdout.readline, "")  # after the stack's progress
+        assert _postgres_running(tmp_path / "postgres") is not None
+        bench.kill()
+        bench.wait()
+        deadline = time.monotonic() + 90
+        while _postgres_running(tmp_path / "postgres") is not None or devstack._in_use(port):
+            assert time.monotonic() < deadline, (tmp_path / "stack.log").read_text()
+            time.sleep(0.2)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        left = _postgres_running(tmp_path / "postgres")
+        if left is not None:
+            os.kill(left, signal.SIGTERM)
+
+
 def test_the_terminal_closing_stops_every_service_gracefully(tmp_path: Path) -> None:
     """SIGHUP to memctl up's whole process group, as a closing terminal sends it: memctl
     stops each service with SIGTERM, and the API shuts down in order (its pending meter
