@@ -210,12 +210,10 @@ _APPEND_IF_UNCHANGED = f"""
               AND sequence >= r.first - $11 AND sequence < r.first
             LIMIT $11) m ON true"""
 
-# The time _RESERVE set, earlier in the transaction.
-_RESERVED_AT = "(SELECT updated_at FROM conversations WHERE org_id = $1 AND conversation_id = $2)"
-
-# The messages from sequence $3 on, once _RESERVE took the lock; then the $4 lines before.
+# The messages from sequence $3 on, at the time $11, once _RESERVE took the lock and set it;
+# then the $4 lines before.
 _INSERT_AND_READ = f"""
-    WITH inserted AS ({_INSERT_MESSAGES.format(first="$3::integer", rows="", at=_RESERVED_AT)})
+    WITH inserted AS ({_INSERT_MESSAGES.format(first="$3::int", rows="", at="$11::timestamptz")})
     SELECT sequence, role, content FROM messages
      WHERE org_id = $1 AND conversation_id = $2
        AND sequence >= $3 - $4::integer AND sequence < $3"""
@@ -247,13 +245,21 @@ async def append_messages(
     )
     if rows:
         return rows[0]["count"], _lines(rows)
-    count: int | None = await conn.fetchval(
-        _RESERVE + " RETURNING message_count", org_id, conversation_id, n, storage_bytes
+    reserved = await conn.fetchrow(
+        _RESERVE + " RETURNING message_count, updated_at", org_id, conversation_id, n, storage_bytes
     )
-    if count is None:
+    if reserved is None:
         return None
-    first = count - n + 1
-    rows = await conn.fetch(_INSERT_AND_READ, org_id, conversation_id, first, lines_before, *values)
+    count: int = reserved["message_count"]
+    rows = await conn.fetch(
+        _INSERT_AND_READ,
+        org_id,
+        conversation_id,
+        count - n + 1,
+        lines_before,
+        *values,
+        reserved["updated_at"],
+    )
     return count, _lines(rows)
 
 
